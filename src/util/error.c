@@ -1,0 +1,68 @@
+#include "util/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char g_msg[2048];
+
+int q3_err(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_msg, sizeof g_msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int q3_err_prefix(const char *fmt, ...) {
+    char prefix[1024], old[sizeof g_msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, g_msg, sizeof old);
+    snprintf(g_msg, sizeof g_msg, "%s: %s", prefix, old);
+    return -1;
+}
+
+const char *q3_errmsg(void) { return g_msg[0] ? g_msg : "unknown error"; }
+void q3_err_clear(void) { g_msg[0] = 0; }
+
+void q3_print_error(void) { fprintf(stderr, "q3moe: error: %s\n", q3_errmsg()); }
+
+void q3_die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("q3moe: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+static void *oom(size_t n) {
+    q3_die("out of memory allocating %zu bytes", n);
+    return NULL;
+}
+
+void *q3_malloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    return p ? p : oom(n);
+}
+
+void *q3_calloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    return p ? p : oom(n * size);
+}
+
+void *q3_realloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    return q ? q : oom(n);
+}
+
+char *q3_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = q3_malloc(n);
+    memcpy(p, s, n);
+    return p;
+}

@@ -1,0 +1,27 @@
+/* Read-only file mappings and whole-file reads. */
+#ifndef Q3_FILE_H
+#define Q3_FILE_H
+
+#include <stddef.h>
+
+typedef struct {
+    char *path;          /* owned copy, for error messages */
+    const unsigned char *data;
+    size_t size;
+} q3_mapped_file;
+
+/* mmap a whole file read-only. On failure returns -1 with q3_err set. */
+int q3_map_file(q3_mapped_file *f, const char *path);
+void q3_unmap_file(q3_mapped_file *f);
+
+/* Read a whole (small) file into a NUL-terminated heap buffer. */
+char *q3_read_file(const char *path, size_t *len_out);
+
+int q3_is_dir(const char *path);
+int q3_file_exists(const char *path);
+/* Join dir and name into a heap string. */
+char *q3_path_join(const char *dir, const char *name);
+/* Directory holding the running executable (heap string), or NULL. */
+char *q3_exe_dir(void);
+
+#endif
