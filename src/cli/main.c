@@ -1,0 +1,40 @@
+/* q3moe entry point: dispatches to the sub-commands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"generate", cmd_generate, "stream a completion (or one chat turn) for a prompt"},
+    {"chat", cmd_chat, "interactive multi-turn chat in the Qwen3 chat format"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text as a JSON array"},
+    {"logits", cmd_logits, "write float32 logits for a list of token ids (testing hook)"},
+    {"synth", cmd_synth, "write a random-weight Hugging Face checkpoint of a given geometry"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "q3moe: low-latency inference for Qwen3-MoE and Qwen3 models\n\n"
+               "usage: q3moe COMMAND [options]   (q3moe COMMAND --help for details)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "q3moe: error: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
