@@ -8,9 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/dtype.h"
 #include "util/file.h"
-
-typedef enum { Q3_F32 = 0, Q3_F16 = 1, Q3_BF16 = 2 } q3_dtype;
 
 const char *q3_dtype_name(q3_dtype t);
 size_t q3_dtype_size(q3_dtype t);

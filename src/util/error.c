@@ -21,7 +21,14 @@ int q3_err_prefix(const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, g_msg, sizeof old);
-    snprintf(g_msg, sizeof g_msg, "%s: %s", prefix, old);
+    size_t n = strlen(prefix);
+    if (n > sizeof g_msg - 3) n = sizeof g_msg - 3;
+    memcpy(g_msg, prefix, n);
+    memcpy(g_msg + n, ": ", 2);
+    size_t rest = strlen(old), room = sizeof g_msg - n - 3;
+    if (rest > room) rest = room;
+    memcpy(g_msg + n + 2, old, rest);
+    g_msg[n + 2 + rest] = 0;
     return -1;
 }
 

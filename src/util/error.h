@@ -6,6 +6,7 @@
 #define Q3_ERROR_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 #if defined(__GNUC__)
 #define Q3_PRINTF(a, b) __attribute__((format(printf, a, b)))

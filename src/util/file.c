@@ -1,4 +1,3 @@
-#define _GNU_SOURCE
 #include "util/file.h"
 
 #include <errno.h>

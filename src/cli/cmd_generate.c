@@ -1,0 +1,116 @@
+/* `q3moe generate`: stream a completion of a prompt (or one chat turn). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/chat_format.h"
+#include "cli/commands.h"
+#include "cli/common_opts.h"
+#include "cli/session.h"
+#include "util/error.h"
+#include "util/file.h"
+
+#define MAX_STOPS 16
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: q3moe generate -m DIR (-p TEXT | -f FILE | --ids LIST) [options]\n\n"
+               "Streams the continuation of a prompt to stdout, then prints timing to stderr.\n\n"
+               "  -p TEXT              prompt text\n"
+               "  -f FILE              read the prompt text from FILE\n"
+               "  --ids LIST           prompt as comma-separated token ids (no tokenizer needed)\n"
+               "  -n N                 tokens to generate at most (default 256)\n"
+               "  --chat               wrap the prompt as one user turn in the Qwen3 chat format\n"
+               "  --system S           system message (with --chat)\n"
+               "  --no-think           with --chat: empty <think></think> block (no reasoning)\n"
+               "  --stop STR           stop when STR is generated (repeatable, not printed)\n"
+               "  --ignore-eos         keep going past end-of-turn tokens\n"
+               "  --print-ids          print the generated ids as a JSON array instead of text\n");
+    common_opts_help(f);
+}
+
+int cmd_generate(int argc, char **argv) {
+    common_opts co;
+    common_opts_init(&co);
+    const char *prompt = NULL, *prompt_file = NULL, *ids_s = NULL, *system = NULL, *stops[MAX_STOPS];
+    long n_new = 256;
+    int chat = 0, no_think = 0, ignore_eos = 0, print_ids = 0, n_stops = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int r = common_opts_parse(&co, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--chat")) chat = 1;
+        else if (!strcmp(a, "--no-think")) no_think = 1;
+        else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
+        else if (!strcmp(a, "--print-ids")) print_ids = 1;
+        else if (!strcmp(a, "-p") || !strcmp(a, "-f") || !strcmp(a, "--ids") || !strcmp(a, "--system") ||
+                 !strcmp(a, "--stop") || !strcmp(a, "-n")) {
+            if (!(v = arg_value(argc, argv, &i))) return 2;
+            if (!strcmp(a, "-p")) prompt = v;
+            else if (!strcmp(a, "-f")) prompt_file = v;
+            else if (!strcmp(a, "--ids")) ids_s = v;
+            else if (!strcmp(a, "--system")) system = v;
+            else if (!strcmp(a, "-n") && arg_int(a, v, 0, 1l << 24, &n_new)) return 2;
+            else if (!strcmp(a, "--stop")) {
+                if (n_stops == MAX_STOPS || !*v) {
+                    fprintf(stderr, "q3moe generate: error: --stop: at most %d non-empty stop strings\n", MAX_STOPS);
+                    return 2;
+                }
+                stops[n_stops++] = v;
+            }
+        } else return arg_unknown("generate", a);
+    }
+    if (!co.model_dir || (!!prompt + !!prompt_file + !!ids_s) != 1) {
+        fprintf(stderr, "q3moe generate: error: need -m DIR and exactly one of -p TEXT, -f FILE, --ids LIST\n");
+        usage(stderr);
+        return 2;
+    }
+    if (ids_s && chat) {
+        fprintf(stderr, "q3moe generate: error: --chat needs a text prompt (-p or -f), not --ids\n");
+        return 2;
+    }
+    common_opts_finish(&co);
+
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    char *file_text = NULL, *text = NULL;
+    if (ids_s && arg_id_list("--ids", ids_s, &ids, &n_ids)) return 2;
+    if (prompt_file && !(prompt = file_text = q3_read_file(prompt_file, NULL))) {
+        q3_print_error();
+        return 1;
+    }
+    q3_session s;
+    if (session_open(&s, co.model_dir, (int)co.ctx, (int)co.threads, ids == NULL)) {
+        q3_print_error();
+        free(ids);
+        free(file_text);
+        return 1;
+    }
+    int rc = 0;
+    if (!ids) {
+        text = chat ? chat_format_turn(system, prompt, !no_think) : q3_strdup(prompt);
+        rc = session_encode(&s, text, &ids, &n_ids);
+        if (rc) q3_err_prefix("prompt");
+    }
+    q3_sampler *smp = NULL;
+    gen_stats st;
+    if (rc == 0 && n_ids == 0) rc = q3_err("the prompt is empty");
+    if (rc == 0) {
+        smp = q3_sampler_new(&co.sp, s.model.cfg.vocab_size);
+        gen_options o = {.max_new = (int)n_new, .ignore_eos = ignore_eos, .print_ids = print_ids, .stops = stops,
+                         .n_stops = n_stops, .out = stdout};
+        rc = gen_run(&s, smp, ids, n_ids, &o, &st);
+    }
+    if (rc) q3_print_error();
+    else gen_print_stats(&st);
+    if (smp) q3_sampler_free(smp);
+    free(ids);
+    free(text);
+    free(file_text);
+    session_close(&s);
+    return rc ? 1 : 0;
+}

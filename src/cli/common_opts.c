@@ -1,0 +1,60 @@
+#include "cli/common_opts.h"
+
+#include <string.h>
+#include <time.h>
+
+#include "cli/args.h"
+
+void common_opts_init(common_opts *o) {
+    memset(o, 0, sizeof *o);
+    q3_sampler_defaults(&o->sp);
+    /* Qwen3's recommended settings for thinking mode. */
+    o->sp.temperature = 0.6f;
+    o->sp.top_k = 20;
+    o->sp.top_p = 0.95f;
+    o->sp.min_p = 0.0f;
+}
+
+void common_opts_help(FILE *f) {
+    fprintf(f, "  -m DIR               Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)\n"
+               "  --ctx N              context size in tokens (default min(max_position_embeddings, 4096))\n"
+               "  -t THREADS           worker threads (default: all cores)\n"
+               "  --temp T             temperature, 0 = greedy (default 0.6)\n"
+               "  --top-k K            keep the K most likely tokens, 0 = off (default 20)\n"
+               "  --top-p P            nucleus sampling mass, 1 = off (default 0.95)\n"
+               "  --min-p P            drop tokens below P x the top probability, 0 = off (default 0)\n"
+               "  --repeat-penalty R   penalty for the last 64 tokens, 1 = off (default 1)\n"
+               "  --seed S             RNG seed (default: from the clock)\n");
+}
+
+int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
+    static const char *opts[] = {"-m", "--ctx", "-t", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed"};
+    const char *a = argv[*i];
+    size_t k = 0;
+    while (k < sizeof opts / sizeof opts[0] && strcmp(a, opts[k])) k++;
+    if (k == sizeof opts / sizeof opts[0]) return 0;
+    const char *v = arg_value(argc, argv, i);
+    if (!v) return -1;
+    long l;
+    double d;
+    switch (k) {
+    case 0: o->model_dir = v; return 1;
+    case 1: return arg_int(a, v, 1, 1l << 24, &o->ctx) ? -1 : 1;
+    case 2: return arg_int(a, v, 1, 1024, &o->threads) ? -1 : 1;
+    case 3: if (arg_float(a, v, 0, 100, &d)) return -1; o->sp.temperature = (float)d; return 1;
+    case 4: if (arg_int(a, v, 0, 1l << 24, &l)) return -1; o->sp.top_k = (int)l; return 1;
+    case 5: if (arg_float(a, v, 0, 1, &d)) return -1; o->sp.top_p = (float)d; return 1;
+    case 6: if (arg_float(a, v, 0, 1, &d)) return -1; o->sp.min_p = (float)d; return 1;
+    case 7: if (arg_float(a, v, 0.01, 100, &d)) return -1; o->sp.repeat_penalty = (float)d; return 1;
+    case 8: if (arg_int(a, v, 0, 0x7fffffffffffffffl, &l)) return -1; o->sp.seed = (uint64_t)l; o->seed_given = 1; return 1;
+    }
+    return 0;
+}
+
+void common_opts_finish(common_opts *o) {
+    if (!o->seed_given) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        o->sp.seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec;
+    }
+}

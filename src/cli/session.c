@@ -1,0 +1,189 @@
+#include "cli/session.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util/error.h"
+#include "util/file.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int session_open(q3_session *s, const char *dir, int ctx, int n_threads, int need_tokenizer) {
+    memset(s, 0, sizeof *s);
+    if (n_threads > 0) omp_set_num_threads(n_threads);
+    if (q3_model_load(&s->model, dir)) return -1;
+    const q3_config *c = &s->model.cfg;
+    char *tp = q3_path_join(dir, "tokenizer.json");
+    int rc = 0;
+    if (q3_file_exists(tp)) {
+        s->tok = q3_tok_load(tp);
+        if (!s->tok) rc = -1;
+        else if (q3_tok_n_ids(s->tok) > c->vocab_size) {
+            if (need_tokenizer)
+                rc = q3_err("%s produces ids up to %d but the model's vocab_size is %d", tp, q3_tok_n_ids(s->tok) - 1,
+                            c->vocab_size);
+            q3_tok_free(s->tok);
+            s->tok = NULL;
+        }
+    } else if (need_tokenizer) {
+        rc = q3_err("%s has no tokenizer.json, which is needed to turn text into tokens (use --ids)", dir);
+    }
+    free(tp);
+    if (rc == 0) rc = q3_state_init(&s->state, &s->model, ctx, 0);
+    if (rc) {
+        session_close(s);
+        return -1;
+    }
+    s->logits = q3_malloc((size_t)c->vocab_size * sizeof(float));
+    if (s->tok) {
+        const char *names[] = {"<|im_end|>", "<|endoftext|>"};
+        for (int i = 0; i < 2; i++) {
+            int32_t id = q3_tok_lookup(s->tok, names[i]);
+            if (id >= 0) s->eos_ids[s->n_eos++] = id;
+        }
+    }
+    if (c->eos_token_id >= 0 && s->n_eos < 4) {
+        int dup = 0;
+        for (int i = 0; i < s->n_eos; i++) dup |= s->eos_ids[i] == c->eos_token_id;
+        if (!dup) s->eos_ids[s->n_eos++] = c->eos_token_id;
+    }
+    return 0;
+}
+
+void session_close(q3_session *s) {
+    q3_state_free(&s->state);
+    q3_model_free(&s->model);
+    if (s->tok) q3_tok_free(s->tok);
+    free(s->logits);
+    memset(s, 0, sizeof *s);
+}
+
+int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n) {
+    if (!s->tok) return q3_err("%s has no usable tokenizer.json", s->model.dir);
+    return q3_tok_encode(s->tok, text, strlen(text), ids, n);
+}
+
+static int is_eos(const q3_session *s, int32_t id) {
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos_ids[i] == id) return 1;
+    return 0;
+}
+
+/* Text produced so far in this call, to find stop strings; output lags by
+ * the longest tail that could still become a stop string. */
+typedef struct {
+    char *buf;
+    size_t len, cap, printed;
+} text_acc;
+
+static void acc_add(text_acc *a, const char *p, size_t n) {
+    if (a->len + n + 1 > a->cap) {
+        a->cap = (a->len + n + 1) * 2;
+        a->buf = q3_realloc(a->buf, a->cap);
+    }
+    memcpy(a->buf + a->len, p, n);
+    a->len += n;
+    a->buf[a->len] = 0;
+}
+
+/* Returns 1 when a stop string was found (text up to it is printed). */
+static int acc_flush(text_acc *a, const gen_options *o, int final) {
+    size_t safe = a->len;
+    for (int i = 0; i < o->n_stops; i++) {
+        const char *hit = strstr(a->buf + a->printed, o->stops[i]);
+        if (hit) {
+            fwrite(a->buf + a->printed, 1, (size_t)(hit - (a->buf + a->printed)), o->out);
+            a->printed = a->len;
+            return 1;
+        }
+    }
+    if (!final)
+        for (int i = 0; i < o->n_stops; i++) {
+            size_t sl = strlen(o->stops[i]);
+            for (size_t k = sl - 1; k > 0; k--)
+                if (k <= a->len - a->printed && !memcmp(a->buf + a->len - k, o->stops[i], k)) {
+                    if (a->len - k < safe) safe = a->len - k;
+                    break;
+                }
+        }
+    fwrite(a->buf + a->printed, 1, safe - a->printed, o->out);
+    a->printed = safe;
+    return 0;
+}
+
+int gen_run(q3_session *s, q3_sampler *smp, const int32_t *prompt, size_t n_prompt, const gen_options *o, gen_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->prompt_tokens = (int)n_prompt;
+    if (s->state.pos + (long)n_prompt > s->state.ctx)
+        return q3_err("prompt of %zu tokens does not fit: %d already in the cache, context size is %d (raise --ctx)", n_prompt,
+                      s->state.pos, s->state.ctx);
+    for (size_t i = 0; i < n_prompt; i++) q3_sampler_accept(smp, prompt[i]);
+    double t0 = now_ms();
+    if (q3_forward(&s->model, &s->state, prompt, (int)n_prompt, s->logits, 0)) return -1;
+    st->prefill_ms = now_ms() - t0;
+    t0 = now_ms();
+    q3_utf8_stream us;
+    q3_utf8_stream_init(&us);
+    text_acc acc = {0};
+    char piece[512];
+    if (o->print_ids) fputc('[', o->out);
+    for (int i = 0; i < o->max_new; i++) {
+        int32_t tok = q3_sampler_sample(smp, s->logits);
+        st->last_token = tok;
+        st->generated++;
+        if (!o->ignore_eos && is_eos(s, tok)) {
+            st->hit_eos = 1;
+            break;
+        }
+        q3_sampler_accept(smp, tok);
+        if (o->print_ids) {
+            fprintf(o->out, "%s%d", i ? "," : "", tok);
+        } else if (s->tok) {
+            size_t len;
+            const char *bytes = q3_tok_token_bytes(s->tok, tok, &len);
+            if (bytes) {
+                size_t n = q3_utf8_stream_feed(&us, bytes, len, piece, sizeof piece);
+                acc_add(&acc, piece, n);
+                if (acc_flush(&acc, o, 0)) {
+                    st->hit_stop = 1;
+                    break;
+                }
+            }
+        }
+        fflush(o->out);
+        if (i + 1 == o->max_new) break;
+        if (s->state.pos >= s->state.ctx) {
+            st->hit_ctx = 1;
+            break;
+        }
+        if (q3_forward(&s->model, &s->state, &tok, 1, s->logits, 0)) {
+            free(acc.buf);
+            return -1;
+        }
+        st->decode_steps++;
+    }
+    if (o->print_ids) fputs("]\n", o->out);
+    else if (!st->hit_stop) {
+        size_t n = q3_utf8_stream_flush(&us, piece, sizeof piece);
+        acc_add(&acc, piece, n);
+        acc_flush(&acc, o, 1);
+    }
+    fflush(o->out);
+    free(acc.buf);
+    st->decode_ms = now_ms() - t0;
+    return 0;
+}
+
+void gen_print_stats(const gen_stats *st) {
+    double per = st->decode_steps ? st->decode_ms / st->decode_steps : 0.0;
+    fprintf(stderr, "\n[q3moe] prompt tokens: %d, prefill: %.1f ms (%.1f tok/s), generated tokens: %d, %.2f ms/token (%.1f tok/s)%s\n",
+            st->prompt_tokens, st->prefill_ms, st->prefill_ms > 0 ? st->prompt_tokens * 1e3 / st->prefill_ms : 0.0,
+            st->generated, per, per > 0 ? 1e3 / per : 0.0,
+            st->hit_ctx ? " [stopped: context full]" : "");
+}

@@ -1,0 +1,50 @@
+/* What every model command holds: the model, one sequence state and the
+ * tokenizer (when the checkpoint has one), plus the streaming generation
+ * loop shared by `generate` and `chat`. */
+#ifndef Q3_SESSION_H
+#define Q3_SESSION_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/forward.h"
+#include "sample/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct {
+    q3_model model;
+    q3_state state;
+    q3_tokenizer *tok;   /* NULL when the checkpoint has no tokenizer.json */
+    float *logits;       /* [vocab_size], last row */
+    int32_t eos_ids[4];  /* tokens that end a turn */
+    int n_eos;
+} q3_session;
+
+/* need_tokenizer: fail when tokenizer.json is absent or does not fit the vocab. */
+int session_open(q3_session *s, const char *dir, int ctx, int n_threads, int need_tokenizer);
+void session_close(q3_session *s);
+/* Encode text with the checkpoint's tokenizer (error when it has none). */
+int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n);
+
+typedef struct {
+    int max_new;              /* tokens to generate at most */
+    int ignore_eos;
+    int print_ids;            /* print generated ids as a JSON array instead of text */
+    const char **stops;       /* stop strings (not printed) */
+    int n_stops;
+    FILE *out;
+} gen_options;
+
+typedef struct {
+    int prompt_tokens, generated, decode_steps;
+    double prefill_ms, decode_ms;
+    int32_t last_token;       /* last sampled token (an end-of-turn token when ended by the model) */
+    int hit_eos, hit_stop, hit_ctx;
+} gen_stats;
+
+/* Feed `prompt` (appending to whatever is in the cache), then sample and
+ * stream up to max_new tokens. The last sampled token is NOT fed back. */
+int gen_run(q3_session *s, q3_sampler *smp, const int32_t *prompt, size_t n_prompt, const gen_options *o, gen_stats *st);
+void gen_print_stats(const gen_stats *st);
+
+#endif

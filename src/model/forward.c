@@ -1,0 +1,196 @@
+/* Qwen3-MoE forward pass, top to bottom: embed; per layer attention
+ * (q/k/v projections, per-head q/k RMSNorm, RoPE, causal GQA attention over
+ * the KV cache, o_proj) and MLP (dense SwiGLU or routed experts) with
+ * residuals; final norm; lm_head. */
+#include "model/forward.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/moe.h"
+#include "util/error.h"
+
+#define FALLOC(n) ((float *)q3_calloc((size_t)(n), sizeof(float)))
+
+int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
+    const q3_config *c = &m->cfg;
+    memset(s, 0, sizeof *s);
+    if (ctx <= 0) ctx = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    if (ctx > c->max_position_embeddings)
+        return q3_err("--ctx %d exceeds the model's max_position_embeddings (%d)", ctx, c->max_position_embeddings);
+    if (max_batch <= 0) max_batch = 64;
+    if (max_batch > ctx) max_batch = ctx;
+    s->ctx = ctx;
+    s->max_batch = max_batch;
+    s->n_threads = omp_get_max_threads();
+    const int H = c->hidden_size, D = c->head_dim, KVD = c->num_kv_heads * D, QD = c->num_heads * D;
+    size_t kv = (size_t)c->num_layers * ctx * KVD;
+    s->k_cache = FALLOC(kv);
+    s->v_cache = FALLOC(kv);
+    s->rope_cos = FALLOC((size_t)ctx * D / 2);
+    s->rope_sin = FALLOC((size_t)ctx * D / 2);
+    /* Angles in double: pos * theta^(-2i/D), then rounded once to fp32. */
+    for (int p = 0; p < ctx; p++)
+        for (int i = 0; i < D / 2; i++) {
+            double a = p * pow((double)c->rope_theta, -2.0 * i / D);
+            s->rope_cos[(size_t)p * D / 2 + i] = (float)cos(a);
+            s->rope_sin[(size_t)p * D / 2 + i] = (float)sin(a);
+        }
+    s->x = FALLOC((size_t)max_batch * H);
+    s->xn = FALLOC((size_t)max_batch * H);
+    s->proj = FALLOC((size_t)max_batch * H);
+    s->q = FALLOC((size_t)max_batch * QD);
+    s->att = FALLOC((size_t)max_batch * QD);
+    s->k = FALLOC((size_t)max_batch * KVD);
+    s->v = FALLOC((size_t)max_batch * KVD);
+    s->scores = FALLOC((size_t)s->n_threads * ctx);
+    if (c->intermediate_size > 0) {
+        s->ffn_gate = FALLOC((size_t)max_batch * c->intermediate_size);
+        s->ffn_up = FALLOC((size_t)max_batch * c->intermediate_size);
+    }
+    if (c->is_moe) {
+        const int E = c->num_experts, K = c->num_experts_per_tok, F = c->moe_intermediate_size;
+        size_t pairs = (size_t)max_batch * K;
+        s->router = FALLOC((size_t)max_batch * E);
+        s->topk_id = q3_calloc(pairs, sizeof(int32_t));
+        s->topk_w = FALLOC(pairs);
+        s->expert_count = q3_calloc((size_t)E + 1, sizeof(int32_t));
+        s->expert_offset = q3_calloc((size_t)E + 1, sizeof(int32_t));
+        s->perm = q3_calloc(pairs, sizeof(int32_t));
+        s->perm_inv = q3_calloc(pairs, sizeof(int32_t));
+        s->xg = FALLOC(pairs * H);
+        s->h_out = FALLOC(pairs * H);
+        s->h_gate = FALLOC(pairs * F);
+        s->h_up = FALLOC(pairs * F);
+    }
+    return 0;
+}
+
+void q3_state_free(q3_state *s) {
+    float *f[] = {s->k_cache, s->v_cache, s->rope_cos, s->rope_sin, s->x, s->xn, s->proj, s->q, s->att, s->k, s->v,
+                  s->scores, s->ffn_gate, s->ffn_up, s->router, s->topk_w, s->xg, s->h_out, s->h_gate, s->h_up};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+    free(s->topk_id);
+    free(s->expert_count);
+    free(s->expert_offset);
+    free(s->perm);
+    free(s->perm_inv);
+    memset(s, 0, sizeof *s);
+}
+
+void q3_state_reset(q3_state *s) { s->pos = 0; }
+
+/* Causal attention of T new tokens (positions pos0..pos0+T-1) over the cache. */
+static void attention(const q3_config *c, q3_state *s, int layer, int pos0, int T) {
+    const int D = c->head_dim, QH = c->num_heads, KVD = c->num_kv_heads * D, group = QH / c->num_kv_heads;
+    const float scale = 1.0f / sqrtf((float)D);
+    const float *kc = s->k_cache + (size_t)layer * s->ctx * KVD;
+    const float *vc = s->v_cache + (size_t)layer * s->ctx * KVD;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < QH; h++) {
+            float *sc = s->scores + (size_t)omp_get_thread_num() * s->ctx;
+            const float *q = s->q + (size_t)t * QH * D + (size_t)h * D;
+            const int kvh = h / group, n = pos0 + t + 1;
+            for (int j = 0; j < n; j++) {
+                const float *k = kc + (size_t)j * KVD + (size_t)kvh * D;
+                float d = 0;
+                for (int i = 0; i < D; i++) d += q[i] * k[i];
+                sc[j] = d * scale;
+            }
+            q3_softmax(sc, n);
+            float *o = s->att + (size_t)t * QH * D + (size_t)h * D;
+            memset(o, 0, (size_t)D * sizeof(float));
+            for (int j = 0; j < n; j++) {
+                const float *v = vc + (size_t)j * KVD + (size_t)kvh * D;
+                for (int i = 0; i < D; i++) o[i] += sc[j] * v[i];
+            }
+        }
+}
+
+static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int T) {
+    const q3_config *c = &m->cfg;
+    const q3_layer *L = &m->layers[l];
+    const int H = c->hidden_size, D = c->head_dim, KVD = c->num_kv_heads * D, QD = c->num_heads * D;
+    for (int t = 0; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, c->rms_norm_eps);
+    q3_matmul(s->q, s->xn, T, &L->wq);
+    q3_matmul(s->k, s->xn, T, &L->wk);
+    q3_matmul(s->v, s->xn, T, &L->wv);
+    for (int t = 0; t < T; t++) {
+        const float *cs = s->rope_cos + (size_t)(pos0 + t) * D / 2, *sn = s->rope_sin + (size_t)(pos0 + t) * D / 2;
+        for (int h = 0; h < c->num_heads; h++) {
+            float *q = s->q + (size_t)t * QD + (size_t)h * D;
+            q3_rmsnorm(q, q, L->q_norm, D, c->rms_norm_eps);
+            q3_rope(q, cs, sn, D);
+        }
+        for (int h = 0; h < c->num_kv_heads; h++) {
+            float *k = s->k + (size_t)t * KVD + (size_t)h * D;
+            q3_rmsnorm(k, k, L->k_norm, D, c->rms_norm_eps);
+            q3_rope(k, cs, sn, D);
+        }
+        size_t slot = ((size_t)l * s->ctx + pos0 + t) * KVD;
+        memcpy(s->k_cache + slot, s->k + (size_t)t * KVD, (size_t)KVD * sizeof(float));
+        memcpy(s->v_cache + slot, s->v + (size_t)t * KVD, (size_t)KVD * sizeof(float));
+    }
+    attention(c, s, l, pos0, T);
+    q3_matmul(s->proj, s->att, T, &L->wo);
+    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];
+}
+
+static void dense_mlp(const q3_config *c, const q3_layer *L, q3_state *s, int T) {
+    const int H = c->hidden_size, F = c->intermediate_size;
+    q3_matmul(s->ffn_gate, s->xn, T, &L->ffn_gate);
+    q3_matmul(s->ffn_up, s->xn, T, &L->ffn_up);
+    q3_swiglu(s->ffn_gate, s->ffn_gate, s->ffn_up, T * F);
+    q3_matmul(s->proj, s->ffn_gate, T, &L->ffn_down);
+    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];
+}
+
+static void mlp_block(const q3_model *m, q3_state *s, int l, int T) {
+    const q3_config *c = &m->cfg;
+    const q3_layer *L = &m->layers[l];
+    const int H = c->hidden_size;
+    for (int t = 0; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->mlp_norm, H, c->rms_norm_eps);
+    if (L->sparse) q3_moe_forward(c, L, s, T);
+    else dense_mlp(c, L, s, T);
+}
+
+/* One chunk of at most max_batch tokens. */
+static void forward_chunk(const q3_model *m, q3_state *s, const int32_t *ids, int T, float *logits, int all_rows) {
+    const q3_config *c = &m->cfg;
+    const int H = c->hidden_size, pos0 = s->pos;
+    for (int t = 0; t < T; t++) q3_to_f32(s->x + (size_t)t * H, m->embed.data, m->embed.dtype, (size_t)ids[t] * H, H);
+    for (int l = 0; l < c->num_layers; l++) {
+        attention_block(m, s, l, pos0, T);
+        mlp_block(m, s, l, T);
+    }
+    s->pos += T;
+    if (!logits) return;
+    /* Only the rows somebody asked for go through the final norm and lm_head. */
+    int first = all_rows ? 0 : T - 1;
+    for (int t = first; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, m->final_norm, H, c->rms_norm_eps);
+    q3_matmul(logits, s->xn + (size_t)first * H, T - first, &m->lm_head);
+}
+
+int q3_forward(const q3_model *m, q3_state *s, const int32_t *ids, int n, float *logits, int all_rows) {
+    const q3_config *c = &m->cfg;
+    if (n <= 0) return q3_err("nothing to evaluate (0 tokens)");
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            return q3_err("token id %d at position %d is out of range: vocab_size is %d", ids[i], s->pos + i, c->vocab_size);
+    if (s->pos + n > s->ctx)
+        return q3_err("context full: %d tokens in the cache + %d new exceed the context size %d (raise --ctx)", s->pos, n,
+                      s->ctx);
+    for (int done = 0; done < n;) {
+        int T = n - done < s->max_batch ? n - done : s->max_batch;
+        int last = done + T == n;
+        float *out = NULL;
+        if (logits && all_rows) out = logits + (size_t)done * c->vocab_size;
+        else if (logits && last) out = logits;
+        forward_chunk(m, s, ids + done, T, out, all_rows);
+        done += T;
+    }
+    return 0;
+}

@@ -1,0 +1,44 @@
+/* The forward pass and the per-sequence state it runs on (KV cache and
+ * activation buffers, all sized once at creation: the decode step
+ * allocates nothing). */
+#ifndef Q3_FORWARD_H
+#define Q3_FORWARD_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+
+typedef struct {
+    int ctx;          /* KV cache capacity in tokens */
+    int max_batch;    /* tokens per forward chunk (longer prompts are chunked) */
+    int pos;          /* tokens already in the cache */
+    int n_threads;
+    float *k_cache, *v_cache;     /* [layers][ctx][kv_heads * head_dim] */
+    float *rope_cos, *rope_sin;   /* [ctx][head_dim / 2] */
+    /* activations for up to max_batch tokens */
+    float *x, *xn, *q, *k, *v, *att, *proj;
+    float *scores;                /* [n_threads][ctx] */
+    /* MoE routing */
+    float *router;                /* [max_batch][num_experts] */
+    int32_t *topk_id;             /* [max_batch * top_k] */
+    float *topk_w;
+    int32_t *expert_count, *expert_offset; /* [num_experts + 1] */
+    int32_t *perm;                /* sorted index -> (token, slot) pair t*top_k+j */
+    int32_t *perm_inv;            /* pair -> sorted index */
+    float *xg, *h_gate, *h_up, *h_out; /* gathered rows per expert */
+    float *ffn_gate, *ffn_up;     /* dense MLP */
+} q3_state;
+
+/* ctx <= 0 picks min(max_position_embeddings, 4096). */
+int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch);
+void q3_state_free(q3_state *s);
+/* Forget the sequence (pos = 0); the cache is overwritten as it refills. */
+void q3_state_reset(q3_state *s);
+
+/* Run n tokens at positions [s->pos, s->pos + n) and append them to the
+ * cache. logits (may be NULL): when all_rows, n rows of vocab_size floats,
+ * one per token; otherwise only the last token's row. Errors (id out of
+ * vocab, context exhausted) leave the state unchanged. */
+int q3_forward(const q3_model *m, q3_state *s, const int32_t *ids, int n, float *logits, int all_rows);
+
+#endif

@@ -1,0 +1,35 @@
+/* A loaded Qwen3-MoE / Qwen3 model: config plus weight views into the
+ * mmapped safetensors (big matrices are never copied; the small norm
+ * vectors are widened to fp32 at load). */
+#ifndef Q3_MODEL_H
+#define Q3_MODEL_H
+
+#include "io/safetensors.h"
+#include "kernels/kernels.h"
+#include "model/config.h"
+
+typedef struct {
+    q3_mat wq, wk, wv, wo;
+    float *q_norm, *k_norm;       /* [head_dim] */
+    float *attn_norm, *mlp_norm;  /* [hidden] */
+    int sparse;
+    q3_mat router;                /* [num_experts, hidden] */
+    q3_mat *gate, *up, *down;     /* [num_experts] each */
+    q3_mat ffn_gate, ffn_up, ffn_down; /* dense layers */
+} q3_layer;
+
+typedef struct {
+    q3_config cfg;
+    q3_st_archive st;
+    q3_mat embed, lm_head;
+    float *final_norm;
+    q3_layer *layers;
+    char *dir;
+} q3_model;
+
+/* Load config.json and the safetensors of checkpoint directory `dir`,
+ * checking every expected tensor's presence, rank and shape. */
+int q3_model_load(q3_model *m, const char *dir);
+void q3_model_free(q3_model *m);
+
+#endif
