@@ -153,7 +153,7 @@ static void mlp_block(const q3_model *m, q3_state *s, int l, int T) {
     const q3_layer *L = &m->layers[l];
     const int H = c->hidden_size;
     for (int t = 0; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->mlp_norm, H, c->rms_norm_eps);
-    if (L->sparse) q3_moe_forward(c, L, s, T);
+    if (L->sparse) q3_moe_forward(c, L, s, T, l);
     else dense_mlp(c, L, s, T);
 }
 

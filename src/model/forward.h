@@ -27,6 +27,9 @@ typedef struct {
     int32_t *perm_inv;            /* pair -> sorted index */
     float *xg, *h_gate, *h_up, *h_out; /* gathered rows per expert */
     float *ffn_gate, *ffn_up;     /* dense MLP */
+    /* Optional instrumentation (NULL unless the caller allocates it):
+     * tokens routed to each expert, [layers][num_experts], accumulated. */
+    uint64_t *expert_hits;
 } q3_state;
 
 /* ctx <= 0 picks min(max_position_embeddings, 4096). */

@@ -48,10 +48,12 @@ static void init_routing(const q3_config *c, q3_state *s, int T) {
     }
 }
 
-void q3_moe_forward(const q3_config *c, const q3_layer *L, q3_state *s, int T) {
+void q3_moe_forward(const q3_config *c, const q3_layer *L, q3_state *s, int T, int layer) {
     const int E = c->num_experts, K = c->num_experts_per_tok, H = c->hidden_size, F = c->moe_intermediate_size;
     gating(c, L, s, T);
     init_routing(c, s, T);
+    if (s->expert_hits)
+        for (int e = 0; e < E; e++) s->expert_hits[(size_t)layer * E + e] += (uint64_t)s->expert_count[e];
     for (int e = 0; e < E; e++) {
         const int n = s->expert_count[e], off = s->expert_offset[e];
         if (!n) continue;

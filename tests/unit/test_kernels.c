@@ -1,0 +1,110 @@
+/* Kernels against straightforward double-precision references. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels/kernels.h"
+#include "unit.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0) * 2 - 1);
+}
+
+/* Exact value of an IEEE half via ldexp, independent of the bit tricks under test. */
+static double f16_ref(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    return s ? -v : v;
+}
+
+static void test_f16_all_codes(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        double r = f16_ref((uint16_t)h);
+        float f = q3_f16_to_f32((uint16_t)h);
+        if (isnan(r) ? !isnan(f) : (double)f != r || !signbit(f) != !signbit(r)) bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
+static void test_bf16_rounding(void) {
+    CHECK_EQ_INT(q3_f32_to_bf16(1.0f), 0x3f80);
+    /* 1 + 2^-8 is exactly halfway between bf16 neighbours 1 and 1+2^-7: ties to even (1.0). */
+    CHECK_EQ_INT(q3_f32_to_bf16(1.0f + 0.00390625f), 0x3f80);
+    CHECK_EQ_INT(q3_f32_to_bf16(1.0f + 3 * 0.00390625f), 0x3f82);
+    CHECK(q3_bf16_to_f32(q3_f32_to_bf16(-2.5f)) == -2.5f);
+    CHECK(isnan(q3_bf16_to_f32(q3_f32_to_bf16(NAN))));
+}
+
+static void check_matmul(q3_dtype dt, int T, int M, int K) {
+    size_t es = dt == Q3_F32 ? 4 : 2;
+    unsigned char *w = malloc((size_t)M * K * es);
+    float *wf = malloc((size_t)M * K * sizeof(float)), *x = malloc((size_t)T * K * sizeof(float));
+    float *out = malloc((size_t)T * M * sizeof(float));
+    for (int i = 0; i < M * K; i++) {
+        float v = frand();
+        if (dt == Q3_F32) ((float *)w)[i] = v;
+        else if (dt == Q3_BF16) ((uint16_t *)w)[i] = q3_f32_to_bf16(v);
+        else ((uint16_t *)w)[i] = (uint16_t)(rng & 0x3bff); /* finite halves of magnitude < 1 */
+    }
+    q3_to_f32(wf, w, dt, 0, (size_t)M * K);
+    for (int i = 0; i < T * K; i++) x[i] = frand();
+    q3_mat W = {w, dt, M, K};
+    q3_matmul(out, x, T, &W);
+    double worst = 0;
+    for (int t = 0; t < T; t++)
+        for (int m = 0; m < M; m++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                ref += (double)x[t * K + k] * wf[(size_t)m * K + k];
+                mag += fabs((double)x[t * K + k] * wf[(size_t)m * K + k]);
+            }
+            double err = fabs(out[(size_t)t * M + m] - ref) / (mag + 1e-30);
+            if (err > worst) worst = err;
+        }
+    CHECK(worst < 1e-5);
+    free(w), free(wf), free(x), free(out);
+}
+
+static void test_matmul(void) {
+    check_matmul(Q3_F32, 1, 37, 64);
+    check_matmul(Q3_BF16, 3, 128, 100);
+    check_matmul(Q3_F16, 17, 33, 257);
+    check_matmul(Q3_BF16, 40, 300, 512); /* big enough to run multi-threaded */
+}
+
+static void test_rmsnorm_softmax_swiglu(void) {
+    float x[5] = {1, -2, 3, -4, 5}, w[5] = {1, 0.5f, 2, 1, -1}, out[5];
+    q3_rmsnorm(out, x, w, 5, 1e-6f);
+    double ms = (1 + 4 + 9 + 16 + 25) / 5.0, inv = 1 / sqrt(ms + 1e-6);
+    for (int i = 0; i < 5; i++) CHECK_NEAR(out[i], x[i] * inv * w[i], 1e-6);
+    float p[4] = {1000, 1001, 999, -5};
+    q3_softmax(p, 4);
+    double z = exp(0) + exp(1) + exp(-1) + exp(-1005);
+    CHECK_NEAR(p[1], exp(1) / z, 1e-6);
+    CHECK_NEAR(p[0] + p[1] + p[2] + p[3], 1, 1e-6);
+    float g[3] = {-3, 0, 2}, u[3] = {2, 5, -1}, s[3];
+    q3_swiglu(s, g, u, 3);
+    for (int i = 0; i < 3; i++) CHECK_NEAR(s[i], g[i] / (1 + exp(-g[i])) * u[i], 1e-6);
+}
+
+static void test_rope_rotate_half(void) {
+    /* Rotate-half pairs element i with i + d/2 (not adjacent elements). */
+    float v[4] = {1, 2, 3, 4}, c[2] = {cosf(0.3f), cosf(0.7f)}, s[2] = {sinf(0.3f), sinf(0.7f)};
+    q3_rope(v, c, s, 4);
+    CHECK_NEAR(v[0], 1 * cos(0.3) - 3 * sin(0.3), 1e-6);
+    CHECK_NEAR(v[2], 3 * cos(0.3) + 1 * sin(0.3), 1e-6);
+    CHECK_NEAR(v[1], 2 * cos(0.7) - 4 * sin(0.7), 1e-6);
+    CHECK_NEAR(v[3], 4 * cos(0.7) + 2 * sin(0.7), 1e-6);
+}
+
+int main(void) {
+    test_f16_all_codes();
+    test_bf16_rounding();
+    test_matmul();
+    test_rmsnorm_softmax_swiglu();
+    test_rope_rotate_half();
+    UNIT_MAIN_END();
+}
