@@ -1,5 +1,5 @@
 /* Argument parsing helpers shared by the sub-commands: each failure prints
- * "q3moe CMD: error: ..." naming the argument and returns non-zero. */
+ * "q3moe: error: OPTION: ..." naming the argument and returns non-zero. */
 #ifndef Q3_ARGS_H
 #define Q3_ARGS_H
 

@@ -1,7 +1,12 @@
 /* Compute kernels of the forward pass. Activations are fp32, row-major.
- * Weights are read in place from the checkpoint mapping in their stored
- * dtype and widened to fp32 inside the kernels. Matmuls split output rows
- * across OpenMP threads, so results do not depend on the thread count. */
+ * Weights are read in place (from the checkpoint mapping) in their stored
+ * dtype and widened to fp32 inside the kernels.
+ *
+ * Every kernel has a scalar reference and SIMD variants (AVX2+FMA,
+ * AVX-512), chosen at run time from the CPU's features (Q3MOE_ISA=scalar|
+ * avx2|avx512 forces one, for tests and comparisons). Work is split across
+ * the OpenMP threads by output rows and fixed-size blocks, so results are
+ * bit-identical whatever the thread count. */
 #ifndef Q3_KERNELS_H
 #define Q3_KERNELS_H
 
@@ -9,17 +14,42 @@
 
 #include "kernels/dtype.h"
 
-/* A 2-D weight matrix [rows, cols] (nn.Linear layout: out_features x in_features). */
+/* A 2-D matrix [rows, cols] (nn.Linear layout: out_features x in_features).
+ * Element (r, c) is at data[r * rs + c * cs] (in elements); rs = cs = 0
+ * means contiguous rows (rs = cols, cs = 1). Strided views serve attention
+ * (keys and values inside the KV cache). */
 typedef struct {
     const void *data;
     q3_dtype dtype;
     int rows, cols;
+    size_t rs, cs;
 } q3_mat;
 
-/* out[t, r] = sum_k x[t, k] * W[r, k] for t < T, r < W.rows; x has W.cols columns.
- * Rows [r0, r1) of W only, written to out columns [r0, r1) (ld_out = stride of out). */
-void q3_matmul_rows(float *out, size_t ld_out, const float *x, int T, const q3_mat *W, int r0, int r1);
-/* Whole matrix, parallel over rows. */
+typedef enum { Q3_ISA_SCALAR = 0, Q3_ISA_AVX2 = 1, Q3_ISA_AVX512 = 2 } q3_isa;
+
+/* Pick the kernels for this CPU (idempotent; called by the first matmul). */
+void q3_kernels_init(void);
+q3_isa q3_kernels_isa(void);
+const char *q3_isa_name(q3_isa isa);
+/* Force an ISA (falls back to the best supported one below it); for tests. */
+void q3_kernels_force(q3_isa isa);
+
+/* One product: out[t, r] = sum_k x[t, k] * W[r, k], t < T, r < W->rows.
+ * x rows are ldx floats apart, out rows ldo floats apart. */
+typedef struct {
+    float *out;
+    size_t ldo;
+    const float *x;
+    size_t ldx;
+    int T;
+    const q3_mat *W;
+} q3_mm_job;
+
+/* Run several independent products in one parallel pass (merged QKV,
+ * gate+up of every selected expert, ...): the threads split the union of
+ * their output rows, balanced by cost. */
+void q3_matmul_jobs(const q3_mm_job *jobs, int n);
+/* out[T, W.rows] = x[T, W.cols] * W^T, contiguous. */
 void q3_matmul(float *out, const float *x, int T, const q3_mat *W);
 
 /* out = x * rsqrt(mean(x^2) + eps) * w, for n-element vectors (out may alias x). */

@@ -89,6 +89,7 @@ static int parse(q3_config *c, const char *path, json_t *root) {
     if (c->num_heads % c->num_kv_heads)
         return q3_err("%s: \"num_attention_heads\" (%d) must be a multiple of \"num_key_value_heads\" (%d)", path,
                       c->num_heads, c->num_kv_heads);
+    if (c->head_dim > 512) return q3_err("%s: \"head_dim\" (%d) is larger than the supported 512", path, c->head_dim);
     if (c->head_dim % 2) return q3_err("%s: \"head_dim\" (%d) must be even for RoPE", path, c->head_dim);
 
     /* Dense MLP layers exist in dense models and in MoE models with mlp_only_layers. */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/attention.h"
 #include "model/moe.h"
 #include "util/error.h"
 
@@ -20,7 +21,7 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
     if (ctx <= 0) ctx = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
     if (ctx > c->max_position_embeddings)
         return q3_err("--ctx %d exceeds the model's max_position_embeddings (%d)", ctx, c->max_position_embeddings);
-    if (max_batch <= 0) max_batch = 64;
+    if (max_batch <= 0) max_batch = 256;
     if (max_batch > ctx) max_batch = ctx;
     s->ctx = ctx;
     s->max_batch = max_batch;
@@ -45,7 +46,7 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
     s->att = FALLOC((size_t)max_batch * QD);
     s->k = FALLOC((size_t)max_batch * KVD);
     s->v = FALLOC((size_t)max_batch * KVD);
-    s->scores = FALLOC((size_t)s->n_threads * ctx);
+    s->scores = FALLOC(q3_attention_scratch(c->num_heads, D, ctx));
     if (c->intermediate_size > 0) {
         s->ffn_gate = FALLOC((size_t)max_batch * c->intermediate_size);
         s->ffn_up = FALLOC((size_t)max_batch * c->intermediate_size);
@@ -64,6 +65,7 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
         s->h_out = FALLOC(pairs * H);
         s->h_gate = FALLOC(pairs * F);
         s->h_up = FALLOC(pairs * F);
+        s->moe_jobs = q3_calloc(2 * (size_t)E, sizeof(q3_mm_job));
     }
     return 0;
 }
@@ -77,47 +79,22 @@ void q3_state_free(q3_state *s) {
     free(s->expert_offset);
     free(s->perm);
     free(s->perm_inv);
+    free(s->moe_jobs);
     memset(s, 0, sizeof *s);
 }
 
 void q3_state_reset(q3_state *s) { s->pos = 0; }
-
-/* Causal attention of T new tokens (positions pos0..pos0+T-1) over the cache. */
-static void attention(const q3_config *c, q3_state *s, int layer, int pos0, int T) {
-    const int D = c->head_dim, QH = c->num_heads, KVD = c->num_kv_heads * D, group = QH / c->num_kv_heads;
-    const float scale = 1.0f / sqrtf((float)D);
-    const float *kc = s->k_cache + (size_t)layer * s->ctx * KVD;
-    const float *vc = s->v_cache + (size_t)layer * s->ctx * KVD;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < QH; h++) {
-            float *sc = s->scores + (size_t)omp_get_thread_num() * s->ctx;
-            const float *q = s->q + (size_t)t * QH * D + (size_t)h * D;
-            const int kvh = h / group, n = pos0 + t + 1;
-            for (int j = 0; j < n; j++) {
-                const float *k = kc + (size_t)j * KVD + (size_t)kvh * D;
-                float d = 0;
-                for (int i = 0; i < D; i++) d += q[i] * k[i];
-                sc[j] = d * scale;
-            }
-            q3_softmax(sc, n);
-            float *o = s->att + (size_t)t * QH * D + (size_t)h * D;
-            memset(o, 0, (size_t)D * sizeof(float));
-            for (int j = 0; j < n; j++) {
-                const float *v = vc + (size_t)j * KVD + (size_t)kvh * D;
-                for (int i = 0; i < D; i++) o[i] += sc[j] * v[i];
-            }
-        }
-}
 
 static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int T) {
     const q3_config *c = &m->cfg;
     const q3_layer *L = &m->layers[l];
     const int H = c->hidden_size, D = c->head_dim, KVD = c->num_kv_heads * D, QD = c->num_heads * D;
     for (int t = 0; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, c->rms_norm_eps);
-    q3_matmul(s->q, s->xn, T, &L->wq);
-    q3_matmul(s->k, s->xn, T, &L->wk);
-    q3_matmul(s->v, s->xn, T, &L->wv);
+    /* Merged QKV: one parallel pass over the rows of all three projections. */
+    const q3_mm_job qkv[3] = {{s->q, (size_t)QD, s->xn, (size_t)H, T, &L->wq},
+                              {s->k, (size_t)KVD, s->xn, (size_t)H, T, &L->wk},
+                              {s->v, (size_t)KVD, s->xn, (size_t)H, T, &L->wv}};
+    q3_matmul_jobs(qkv, 3);
     for (int t = 0; t < T; t++) {
         const float *cs = s->rope_cos + (size_t)(pos0 + t) * D / 2, *sn = s->rope_sin + (size_t)(pos0 + t) * D / 2;
         for (int h = 0; h < c->num_heads; h++) {
@@ -134,15 +111,18 @@ static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int
         memcpy(s->k_cache + slot, s->k + (size_t)t * KVD, (size_t)KVD * sizeof(float));
         memcpy(s->v_cache + slot, s->v + (size_t)t * KVD, (size_t)KVD * sizeof(float));
     }
-    attention(c, s, l, pos0, T);
+    const q3_attn_layer al = {c->num_heads, c->num_kv_heads, D, (size_t)KVD, s->k_cache + (size_t)l * s->ctx * KVD,
+                              s->v_cache + (size_t)l * s->ctx * KVD};
+    q3_attention(s->att, s->q, T, pos0, &al, s->scores);
     q3_matmul(s->proj, s->att, T, &L->wo);
     for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];
 }
 
 static void dense_mlp(const q3_config *c, const q3_layer *L, q3_state *s, int T) {
     const int H = c->hidden_size, F = c->intermediate_size;
-    q3_matmul(s->ffn_gate, s->xn, T, &L->ffn_gate);
-    q3_matmul(s->ffn_up, s->xn, T, &L->ffn_up);
+    const q3_mm_job w13[2] = {{s->ffn_gate, (size_t)F, s->xn, (size_t)H, T, &L->ffn_gate},
+                              {s->ffn_up, (size_t)F, s->xn, (size_t)H, T, &L->ffn_up}};
+    q3_matmul_jobs(w13, 2);
     q3_swiglu(s->ffn_gate, s->ffn_gate, s->ffn_up, T * F);
     q3_matmul(s->proj, s->ffn_gate, T, &L->ffn_down);
     for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];

@@ -17,7 +17,7 @@ typedef struct {
     float *rope_cos, *rope_sin;   /* [ctx][head_dim / 2] */
     /* activations for up to max_batch tokens */
     float *x, *xn, *q, *k, *v, *att, *proj;
-    float *scores;                /* [n_threads][ctx] */
+    float *scores;                /* attention scratch (kernels/attention.h) */
     /* MoE routing */
     float *router;                /* [max_batch][num_experts] */
     int32_t *topk_id;             /* [max_batch * top_k] */
@@ -26,6 +26,7 @@ typedef struct {
     int32_t *perm;                /* sorted index -> (token, slot) pair t*top_k+j */
     int32_t *perm_inv;            /* pair -> sorted index */
     float *xg, *h_gate, *h_up, *h_out; /* gathered rows per expert */
+    q3_mm_job *moe_jobs;          /* [2 * num_experts] */
     float *ffn_gate, *ffn_up;     /* dense MLP */
     /* Optional instrumentation (NULL unless the caller allocates it):
      * tokens routed to each expert, [layers][num_experts], accumulated. */

@@ -32,7 +32,7 @@ static const q3_st_tensor *need(const q3_model *m, const char *name, int64_t d0,
 static int get_mat(const q3_model *m, q3_mat *out, const char *name, int rows, int cols) {
     const q3_st_tensor *t = need(m, name, rows, cols);
     if (!t) return -1;
-    *out = (q3_mat){t->data, t->dtype, rows, cols};
+    *out = (q3_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols};
     return 0;
 }
 

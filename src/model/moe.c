@@ -54,17 +54,25 @@ void q3_moe_forward(const q3_config *c, const q3_layer *L, q3_state *s, int T, i
     init_routing(c, s, T);
     if (s->expert_hits)
         for (int e = 0; e < E; e++) s->expert_hits[(size_t)layer * E + e] += (uint64_t)s->expert_count[e];
+    /* Gather each expert's rows, then gate+up of every active expert in one
+     * parallel pass, SwiGLU over all pairs at once, and down in a second pass. */
+    q3_mm_job *jobs = s->moe_jobs;
+    int nj = 0;
+    for (int p = 0; p < T * K; p++) memcpy(s->xg + (size_t)p * H, s->xn + (size_t)(s->perm[p] / K) * H, (size_t)H * sizeof(float));
     for (int e = 0; e < E; e++) {
         const int n = s->expert_count[e], off = s->expert_offset[e];
         if (!n) continue;
-        float *xg = s->xg + (size_t)off * H, *g = s->h_gate + (size_t)off * F, *u = s->h_up + (size_t)off * F;
-        float *o = s->h_out + (size_t)off * H;
-        for (int i = 0; i < n; i++) memcpy(xg + (size_t)i * H, s->xn + (size_t)(s->perm[off + i] / K) * H, (size_t)H * sizeof(float));
-        q3_matmul(g, xg, n, &L->gate[e]);
-        q3_matmul(u, xg, n, &L->up[e]);
-        q3_swiglu(g, g, u, n * F);
-        q3_matmul(o, g, n, &L->down[e]);
+        jobs[nj++] = (q3_mm_job){s->h_gate + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->gate[e]};
+        jobs[nj++] = (q3_mm_job){s->h_up + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->up[e]};
     }
+    q3_matmul_jobs(jobs, nj);
+    q3_swiglu(s->h_gate, s->h_gate, s->h_up, T * K * F);
+    nj = 0;
+    for (int e = 0; e < E; e++) {
+        const int n = s->expert_count[e], off = s->expert_offset[e];
+        if (n) jobs[nj++] = (q3_mm_job){s->h_out + (size_t)off * H, (size_t)H, s->h_gate + (size_t)off * F, (size_t)F, n, &L->down[e]};
+    }
+    q3_matmul_jobs(jobs, nj);
     /* Finalize: each token sums its k expert outputs in slot order, so the
      * result does not depend on how pairs were grouped. */
     for (int t = 0; t < T; t++) {

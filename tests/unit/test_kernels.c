@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "kernels/attention.h"
 #include "kernels/kernels.h"
 #include "unit.h"
 
@@ -51,7 +52,7 @@ static void check_matmul(q3_dtype dt, int T, int M, int K) {
     }
     q3_to_f32(wf, w, dt, 0, (size_t)M * K);
     for (int i = 0; i < T * K; i++) x[i] = frand();
-    q3_mat W = {w, dt, M, K};
+    q3_mat W = {.data = w, .dtype = dt, .rows = M, .cols = K};
     q3_matmul(out, x, T, &W);
     double worst = 0;
     for (int t = 0; t < T; t++)
@@ -69,10 +70,82 @@ static void check_matmul(q3_dtype dt, int T, int M, int K) {
 }
 
 static void test_matmul(void) {
-    check_matmul(Q3_F32, 1, 37, 64);
-    check_matmul(Q3_BF16, 3, 128, 100);
-    check_matmul(Q3_F16, 17, 33, 257);
-    check_matmul(Q3_BF16, 40, 300, 512); /* big enough to run multi-threaded */
+    /* Every ISA this CPU has, each against the double-precision reference. */
+    for (int isa = Q3_ISA_SCALAR; isa <= Q3_ISA_AVX512; isa++) {
+        q3_kernels_force((q3_isa)isa);
+        if ((int)q3_kernels_isa() != isa) continue;
+        check_matmul(Q3_F32, 1, 37, 64);
+        check_matmul(Q3_BF16, 1, 131, 1000);
+        check_matmul(Q3_F16, 1, 19, 48);
+        check_matmul(Q3_BF16, 3, 128, 100);
+        check_matmul(Q3_F16, 17, 33, 257);
+        check_matmul(Q3_F32, 7, 16, 300);
+        check_matmul(Q3_BF16, 40, 300, 512); /* big enough to run multi-threaded */
+    }
+    q3_kernels_force(Q3_ISA_AVX512);
+}
+
+/* A strided view (a transposed matrix) gives the same products as the contiguous one. */
+static void test_strided(void) {
+    enum { M = 20, K = 40, T = 3 };
+    float w[M * K], wt[K * M], x[T * K], a[T * M], b[T * M];
+    for (int i = 0; i < M * K; i++) w[i] = frand();
+    for (int r = 0; r < M; r++)
+        for (int k = 0; k < K; k++) wt[k * M + r] = w[r * K + k];
+    for (int i = 0; i < T * K; i++) x[i] = frand();
+    for (int t = 1; t <= T; t += 2) {
+        q3_mat W = {.data = w, .dtype = Q3_F32, .rows = M, .cols = K};
+        q3_mat Wt = {.data = wt, .dtype = Q3_F32, .rows = M, .cols = K, .rs = 1, .cs = M};
+        q3_matmul(a, x, t, &W);
+        q3_matmul(b, x, t, &Wt);
+        double worst = 0;
+        for (int i = 0; i < t * M; i++) worst = fmax(worst, fabs(a[i] - b[i]));
+        CHECK(worst < 1e-5);
+    }
+}
+
+/* Attention against a direct softmax(q k^T / sqrt(D)) v in double, for
+ * prefill (several tokens) and decode (one token, KV split in blocks). */
+static void test_attention(void) {
+    enum { H = 4, KVH = 2, D = 24, N = 300 };
+    const size_t kvs = KVH * D;
+    float *k = malloc(N * kvs * sizeof(float)), *v = malloc(N * kvs * sizeof(float));
+    float *q = malloc((size_t)N * H * D * sizeof(float)), *out = malloc((size_t)N * H * D * sizeof(float));
+    float *scratch = malloc(q3_attention_scratch(H, D, N) * sizeof(float));
+    for (size_t i = 0; i < N * kvs; i++) k[i] = frand() * 3, v[i] = frand();
+    for (size_t i = 0; i < (size_t)N * H * D; i++) q[i] = frand();
+    q3_attn_layer L = {H, KVH, D, kvs, k, v};
+    for (int isa = Q3_ISA_SCALAR; isa <= Q3_ISA_AVX512; isa++) {
+        q3_kernels_force((q3_isa)isa);
+        if ((int)q3_kernels_isa() != isa) continue;
+        double worst = 0;
+        /* prefill rows 0..N-2 from position 0 (spans three key blocks), then the last as a decode step */
+        q3_attention(out, q, N - 1, 0, &L, scratch);
+        q3_attention(out + (size_t)(N - 1) * H * D, q + (size_t)(N - 1) * H * D, 1, N - 1, &L, scratch);
+        static const int rows[] = {0, 1, 2, 3, 127, 128, 129, 200, N - 2, N - 1};
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+            const int t = rows[ri];
+            for (int h = 0; h < H; h++) {
+                const float *qv = q + ((size_t)t * H + h) * D;
+                double sc[N], mx = -1e300, z = 0;
+                for (int j = 0; j <= t; j++) {
+                    double d = 0;
+                    for (int i = 0; i < D; i++) d += (double)qv[i] * k[j * kvs + (h / 2) * D + i];
+                    sc[j] = d / sqrt(D);
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = 0; j <= t; j++) z += (sc[j] = exp(sc[j] - mx));
+                for (int i = 0; i < D; i++) {
+                    double o = 0;
+                    for (int j = 0; j <= t; j++) o += sc[j] / z * v[j * kvs + (h / 2) * D + i];
+                    worst = fmax(worst, fabs(o - out[((size_t)t * H + h) * D + i]));
+                }
+            }
+        }
+        CHECK(worst < 1e-5);
+    }
+    q3_kernels_force(Q3_ISA_AVX512);
+    free(k), free(v), free(q), free(out), free(scratch);
 }
 
 static void test_rmsnorm_softmax_swiglu(void) {
@@ -104,6 +177,8 @@ int main(void) {
     test_f16_all_codes();
     test_bf16_rounding();
     test_matmul();
+    test_strided();
+    test_attention();
     test_rmsnorm_softmax_swiglu();
     test_rope_rotate_half();
     UNIT_MAIN_END();

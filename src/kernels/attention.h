@@ -1,0 +1,26 @@
+/* Causal GQA attention over a KV cache with online softmax (flash
+ * attention): keys are visited in fixed blocks of Q3_ATT_BLOCK, so results
+ * do not depend on the thread count. Prefill parallelises over (token,
+ * head); a single decode token splits the KV length into blocks across
+ * threads and merges the partial softmax states in block order. */
+#ifndef Q3_ATTENTION_H
+#define Q3_ATTENTION_H
+
+#include <stddef.h>
+
+enum { Q3_ATT_BLOCK = 128, Q3_MAX_HEAD_DIM = 512 };
+
+typedef struct {
+    int n_heads, n_kv_heads, head_dim;
+    size_t kv_stride;          /* floats between consecutive positions in the cache (kv_heads * head_dim) */
+    const float *k, *v;        /* this layer's cache, position 0 */
+} q3_attn_layer;
+
+/* Floats of scratch q3_attention needs for a context of ctx tokens. */
+size_t q3_attention_scratch(int n_heads, int head_dim, int ctx);
+
+/* out[t][h*D ..] for T query rows at positions pos0 .. pos0+T-1 (q and out
+ * rows are n_heads*head_dim floats apart). */
+void q3_attention(float *out, const float *q, int T, int pos0, const q3_attn_layer *L, float *scratch);
+
+#endif

@@ -1,0 +1,47 @@
+/* Scalar reference kernels: the ground truth the SIMD variants are tested
+ * against, and the fallback on CPUs without AVX2. */
+#include "kernels/isa.h"
+
+static float elem(const q3_mat *W, int r, int k) {
+    size_t rs = W->rs ? W->rs : (size_t)W->cols, cs = W->cs ? W->cs : 1;
+    float v;
+    q3_to_f32(&v, W->data, W->dtype, (size_t)r * rs + (size_t)k * cs, 1);
+    return v;
+}
+
+static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
+    for (int r = r0; r < r1; r++) {
+        float acc[8] = {0};
+        int k = 0;
+        for (; k + 8 <= W->cols; k += 8)
+            for (int j = 0; j < 8; j++) acc[j] += x[k + j] * elem(W, r, k + j);
+        float s = 0;
+        for (; k < W->cols; k++) s += x[k] * elem(W, r, k);
+        out[r - r0] = s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+}
+
+static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt, int accumulate) {
+    for (int t = 0; t < mt; t++)
+        for (int j = 0; j < nt; j++) {
+            float s = accumulate ? C[t * ldc + j] : 0.0f;
+            for (int k = 0; k < kc; k++) s += A[t * lda + k] * Bp[k * Q3_NR + j];
+            C[t * ldc + j] = s;
+        }
+}
+
+static float dot(const float *a, const float *b, int n) {
+    float s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void axpy(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void scale(float *y, float a, int n) {
+    for (int i = 0; i < n; i++) y[i] *= a;
+}
+
+const q3_isa_kernels q3_kernels_scalar = {gemv, micro, dot, axpy, scale};

@@ -1,0 +1,132 @@
+/* Matmul driver: picks the ISA, splits output rows across threads, and runs
+ * a GEMV (one token, weights streamed once) or a packed GEMM (several
+ * tokens: each weight panel is widened to fp32 once and reused for every
+ * token tile). */
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/isa.h"
+
+static const q3_isa_kernels *g_k = &q3_kernels_scalar;
+static q3_isa g_isa = Q3_ISA_SCALAR;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+const char *q3_isa_name(q3_isa isa) {
+    static const char *names[] = {"scalar", "avx2", "avx512"};
+    return names[isa];
+}
+
+static q3_isa best_supported(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Q3_ISA_AVX2;
+    return Q3_ISA_SCALAR;
+}
+
+void q3_kernels_force(q3_isa isa) {
+    q3_isa best = best_supported();
+    if (isa > best) isa = best;
+    g_isa = isa;
+    g_k = isa == Q3_ISA_AVX2 ? &q3_kernels_avx2 : &q3_kernels_scalar;
+}
+
+static void init_once(void) {
+    q3_isa isa = best_supported();
+    const char *env = getenv("Q3MOE_ISA");
+    if (env && !strcmp(env, "scalar")) isa = Q3_ISA_SCALAR;
+    else if (env && !strcmp(env, "avx2") && isa >= Q3_ISA_AVX2) isa = Q3_ISA_AVX2;
+    q3_kernels_force(isa);
+}
+
+void q3_kernels_init(void) { pthread_once(&g_once, init_once); }
+
+const q3_isa_kernels *q3_isa_current(void) {
+    q3_kernels_init();
+    return g_k;
+}
+
+q3_isa q3_kernels_isa(void) {
+    q3_kernels_init();
+    return g_isa;
+}
+
+static inline size_t rs_of(const q3_mat *W) { return W->rs ? W->rs : (size_t)W->cols; }
+static inline size_t cs_of(const q3_mat *W) { return W->cs ? W->cs : 1; }
+
+void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
+    const size_t rs = rs_of(W), cs = cs_of(W);
+    float row[Q3_KC];
+    for (int j = 0; j < Q3_NR; j++) {
+        if (j >= nr) {
+            for (int k = 0; k < kc; k++) Bp[k * Q3_NR + j] = 0;
+            continue;
+        }
+        size_t base = (size_t)(r0 + j) * rs + (size_t)k0 * cs;
+        if (cs == 1) q3_to_f32(row, W->data, W->dtype, base, (size_t)kc);
+        else
+            for (int k = 0; k < kc; k++) q3_to_f32(row + k, W->data, W->dtype, base + (size_t)k * cs, 1);
+        for (int k = 0; k < kc; k++) Bp[k * Q3_NR + j] = row[k];
+    }
+}
+
+/* One panel of up to NR output rows of one job. */
+static void run_panel(const q3_mm_job *jb, int r0) {
+    static _Thread_local float Bp[Q3_KC * Q3_NR] __attribute__((aligned(64)));
+    const q3_mat *W = jb->W;
+    const int nr = W->rows - r0 < Q3_NR ? W->rows - r0 : Q3_NR, K = W->cols;
+    if (jb->T == 1) {
+        g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr);
+        return;
+    }
+    for (int k0 = 0; k0 < K; k0 += Q3_KC) {
+        const int kc = K - k0 < Q3_KC ? K - k0 : Q3_KC;
+        q3_pack_panel(Bp, W, r0, nr, k0, kc);
+        for (int t = 0; t < jb->T; t += Q3_MR) {
+            const int mt = jb->T - t < Q3_MR ? jb->T - t : Q3_MR;
+            g_k->micro(jb->x + (size_t)t * jb->ldx + k0, jb->ldx, Bp, kc, jb->out + (size_t)t * jb->ldo + r0, jb->ldo, mt,
+                       nr, k0 > 0);
+        }
+    }
+}
+
+static inline double panel_cost(const q3_mm_job *jb, int r0) {
+    int nr = jb->W->rows - r0 < Q3_NR ? jb->W->rows - r0 : Q3_NR;
+    return (double)nr * jb->W->cols * (jb->T + 1);
+}
+
+/* Each thread walks the same panel sequence and takes the panels whose cost
+ * midpoint falls in its share: a static, allocation-free partition. */
+static void run_share(const q3_mm_job *jobs, int n, double total, int id, int nt) {
+    const double lo = total * id / nt, hi = total * (id + 1) / nt;
+    double acc = 0;
+    for (int j = 0; j < n; j++) {
+        if (jobs[j].T <= 0) continue;
+        for (int r0 = 0; r0 < jobs[j].W->rows; r0 += Q3_NR) {
+            double c = panel_cost(&jobs[j], r0), mid = acc + c / 2;
+            acc += c;
+            if (mid >= lo && mid < hi) run_panel(&jobs[j], r0);
+            else if (mid >= hi) return;
+        }
+    }
+}
+
+void q3_matmul_jobs(const q3_mm_job *jobs, int n) {
+    q3_kernels_init();
+    double total = 0;
+    for (int j = 0; j < n; j++)
+        if (jobs[j].T > 0) total += (double)jobs[j].W->rows * jobs[j].W->cols * (jobs[j].T + 1);
+    if (total <= 0) return;
+    /* Small products are not worth waking the other threads for. */
+    if (total < 65536.0 || omp_get_max_threads() == 1) {
+        run_share(jobs, n, total, 0, 1);
+        return;
+    }
+#pragma omp parallel
+    run_share(jobs, n, total, omp_get_thread_num(), omp_get_num_threads());
+}
+
+void q3_matmul(float *out, const float *x, int T, const q3_mat *W) {
+    q3_mm_job jb = {out, (size_t)W->rows, x, (size_t)W->cols, T, W};
+    q3_matmul_jobs(&jb, 1);
+}

@@ -1,0 +1,90 @@
+/* MX block quantization of fp32 rows (the format is described in mx.h). */
+#include <math.h>
+
+#include "quant/mx.h"
+#include "util/error.h"
+
+/* Exponent of each element type's largest binade: the block's largest value
+ * is scaled into it, which keeps it as precise as the format allows. */
+static int emax_elem(q3_mx_type t) { return t == Q3_MXFP8 ? 8 : 2; }
+
+int q3_mx_shared_exp(q3_mx_type t, float amax) {
+    if (amax == 0) return -127;
+    int e;
+    frexpf(amax, &e); /* floor(log2 amax) = e - 1, exact for subnormals too */
+    int s = e - 1 - emax_elem(t);
+    return s < -127 ? -127 : s > 127 ? 127 : s;
+}
+
+size_t q3_mx_scale_bytes(size_t n) { return n / Q3_MX_BLOCK; }
+size_t q3_mx_elem_bytes(q3_mx_type t, size_t n) { return t == Q3_MXFP8 ? n : n / 2; }
+size_t q3_mx_row_bytes(q3_mx_type t, size_t n) { return q3_mx_scale_bytes(n) + q3_mx_elem_bytes(t, n); }
+
+/* Validate the whole row first so a failing call leaves its outputs alone. */
+static int check_row(const float *x, size_t n) {
+    if (n % Q3_MX_BLOCK)
+        return q3_err("MX quantize: row length %zu is not a multiple of the block size %d", n, Q3_MX_BLOCK);
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(x[i])) return q3_err("MX quantize: element %zu is NaN", i);
+        if (isinf(x[i])) return q3_err("MX quantize: element %zu is %cinfinity", i, x[i] < 0 ? '-' : '+');
+    }
+    return 0;
+}
+
+static int block_exp(q3_mx_type t, const float *x) {
+    float amax = 0;
+    for (int i = 0; i < Q3_MX_BLOCK; i++) amax = fmaxf(amax, fabsf(x[i]));
+    return q3_mx_shared_exp(t, amax);
+}
+
+/* Element code of x / 2^e. ldexpf is exact unless the result falls below the
+ * fp32 normals, and such a value is far under half the smallest element
+ * subnormal, so it rounds to (signed) zero either way: one rounding only. */
+static uint8_t encode(q3_mx_type t, float x, int e) {
+    float v = ldexpf(x, -e);
+    return t == Q3_MXFP8 ? q3_e4m3_from_f32(v) : q3_e2m1_from_f32(v);
+}
+
+static float decode(q3_mx_type t, uint8_t code) {
+    return t == Q3_MXFP8 ? q3_e4m3_lut[code] : q3_e2m1_lut[code & 0xF];
+}
+
+int q3_mx_quantize_row(q3_mx_type t, const float *x, size_t n, uint8_t *scales, uint8_t *elems) {
+    if (check_row(x, n)) return -1;
+    for (size_t b = 0; b < n / Q3_MX_BLOCK; b++) {
+        const float *xb = x + b * Q3_MX_BLOCK;
+        int e = block_exp(t, xb);
+        scales[b] = (uint8_t)(e + 127);
+        if (t == Q3_MXFP8) {
+            for (int i = 0; i < Q3_MX_BLOCK; i++) elems[b * Q3_MX_BLOCK + i] = encode(t, xb[i], e);
+        } else {
+            uint8_t *eb = elems + b * (Q3_MX_BLOCK / 2);
+            for (int i = 0; i < Q3_MX_BLOCK; i += 2)
+                eb[i / 2] = (uint8_t)(encode(t, xb[i], e) | encode(t, xb[i + 1], e) << 4);
+        }
+    }
+    return 0;
+}
+
+void q3_mx_dequantize_row(q3_mx_type t, const uint8_t *scales, const uint8_t *elems, size_t n, float *y) {
+    for (size_t b = 0; b < n / Q3_MX_BLOCK; b++) {
+        float s = q3_e8m0_to_f32(scales[b]);
+        float *yb = y + b * Q3_MX_BLOCK;
+        for (int i = 0; i < Q3_MX_BLOCK; i++) {
+            size_t j = b * Q3_MX_BLOCK + (size_t)i;
+            uint8_t c = t == Q3_MXFP8 ? elems[j] : (uint8_t)(elems[j / 2] >> (j % 2 * 4));
+            yb[i] = decode(t, c) * s; /* exact: both factors are short powers-of-two multiples */
+        }
+    }
+}
+
+int q3_mx_fake_quant_row(q3_mx_type t, const float *x, size_t n, float *y) {
+    if (check_row(x, n)) return -1;
+    for (size_t b = 0; b < n / Q3_MX_BLOCK; b++) {
+        const float *xb = x + b * Q3_MX_BLOCK;
+        int e = block_exp(t, xb); /* taken before y (possibly == x) is written */
+        float s = q3_e8m0_to_f32((uint8_t)(e + 127));
+        for (int i = 0; i < Q3_MX_BLOCK; i++) y[b * Q3_MX_BLOCK + i] = decode(t, encode(t, xb[i], e)) * s;
+    }
+    return 0;
+}
