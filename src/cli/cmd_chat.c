@@ -74,6 +74,11 @@ int cmd_chat(int argc, char **argv) {
         return 1;
     }
     q3_sampler *smp = q3_sampler_new(&co.sp, s.model.cfg.vocab_size);
+    if (!smp) {
+        q3_print_error();
+        session_close(&s);
+        return 1;
+    }
     const int interactive = isatty(STDIN_FILENO);
     int turns = 0, rc = 0;
     for (;;) {

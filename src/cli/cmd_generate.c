@@ -101,6 +101,9 @@ int cmd_generate(int argc, char **argv) {
     if (rc == 0 && n_ids == 0) rc = q3_err("the prompt is empty");
     if (rc == 0) {
         smp = q3_sampler_new(&co.sp, s.model.cfg.vocab_size);
+        if (!smp) rc = -1;
+    }
+    if (rc == 0) {
         gen_options o = {.max_new = (int)n_new, .ignore_eos = ignore_eos, .print_ids = print_ids, .stops = stops,
                          .n_stops = n_stops, .out = stdout};
         rc = gen_run(&s, smp, ids, n_ids, &o, &st);

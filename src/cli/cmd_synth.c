@@ -11,11 +11,11 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "cli/synth_config.h"
-#include "cli/synth_dir.h"
-#include "cli/synth_presets.h"
-#include "cli/synth_weights.h"
-#include "cli/synth_write.h"
+#include "synth/config.h"
+#include "synth/dir.h"
+#include "synth/presets.h"
+#include "synth/weights.h"
+#include "synth/write.h"
 #include "util/error.h"
 
 static void usage(FILE *f) {

@@ -24,7 +24,7 @@ static q3_isa best_supported(void) {
     return Q3_ISA_SCALAR;
 }
 
-void q3_kernels_force(q3_isa isa) {
+static void set_isa(q3_isa isa) {
     q3_isa best = best_supported();
     if (isa > best) isa = best;
     g_isa = isa;
@@ -35,11 +35,16 @@ static void init_once(void) {
     q3_isa isa = best_supported();
     const char *env = getenv("Q3MOE_ISA");
     if (env && !strcmp(env, "scalar")) isa = Q3_ISA_SCALAR;
-    else if (env && !strcmp(env, "avx2") && isa >= Q3_ISA_AVX2) isa = Q3_ISA_AVX2;
-    q3_kernels_force(isa);
+    else if (env && !strcmp(env, "avx2")) isa = Q3_ISA_AVX2;
+    set_isa(isa);
 }
 
 void q3_kernels_init(void) { pthread_once(&g_once, init_once); }
+
+void q3_kernels_force(q3_isa isa) {
+    q3_kernels_init();
+    set_isa(isa);
+}
 
 const q3_isa_kernels *q3_isa_current(void) {
     q3_kernels_init();

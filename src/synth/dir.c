@@ -1,4 +1,4 @@
-#include "cli/synth_dir.h"
+#include "synth/dir.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-#include "cli/synth_write.h"
+#include "synth/write.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli/synth_config.h"
+#include "synth/config.h"
 #include "io/safetensors_writer.h"
 #include "util/error.h"
 #include "util/file.h"

@@ -1,4 +1,4 @@
-#include "cli/synth_presets.h"
+#include "synth/presets.h"
 
 #include <string.h>
 

@@ -6,7 +6,7 @@
 
 #include <jansson.h>
 
-#include "cli/synth_presets.h"
+#include "synth/presets.h"
 
 /* torch_dtype is the checkpoint's dominant dtype name ("bfloat16", ...).
  * -1 with q3_err set on failure. */

@@ -1,4 +1,4 @@
-#include "cli/synth_config.h"
+#include "synth/config.h"
 
 #include <errno.h>
 #include <stdio.h>

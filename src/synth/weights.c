@@ -1,4 +1,4 @@
-#include "cli/synth_weights.h"
+#include "synth/weights.h"
 
 #include <math.h>
 #include <stdarg.h>

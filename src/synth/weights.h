@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cli/synth_presets.h"
+#include "synth/presets.h"
 #include "io/safetensors.h"
 
 /* SYNTH_MIXED stores norms as F32, attention projections as F16 and the

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "cli/synth_weights.h"
+#include "synth/weights.h"
 
 /* Assign tensors to shards in order, starting a new shard before a tensor
  * that would push the current one past `limit` bytes (a tensor larger
