@@ -14,6 +14,7 @@ static const struct {
     {"tokenize", cmd_tokenize, "print the token ids of a text as a JSON array"},
     {"logits", cmd_logits, "write float32 logits for a list of token ids (testing hook)"},
     {"synth", cmd_synth, "write a random-weight Hugging Face checkpoint of a given geometry"},
+    {"bench", cmd_bench, "measure prefill/decode speed, memory traffic, TTFT and peak RSS"},
 };
 
 static void usage(FILE *f) {

@@ -15,6 +15,8 @@ typedef struct {
      * Bp is a packed panel [kc][NR]; accumulate=0 overwrites C. */
     void (*micro)(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt,
                   int accumulate);
+    /* q3_pack_panel for contiguous rows (cs == 1); NULL: use the generic one. */
+    void (*pack)(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc);
     /* Dense fp32 vector primitives for attention. */
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n); /* y += a * x */

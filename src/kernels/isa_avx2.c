@@ -37,23 +37,39 @@ INLINE float row_finish(__m256 a0, __m256 a1, const float *x, const q3_mat *W, s
     return s;
 }
 
+#ifndef PF_DIST
+#define PF_DIST 512
+#endif
 INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt) {
+    const size_t ESZ = dt == Q3_F32 ? 4 : 2;
     const int K = W->cols, k16 = K & ~15;
     const size_t rs = W->rs ? W->rs : (size_t)K;
     const void *d = W->data;
     int r = r0;
     for (; r + 4 <= r1; r += 4) {
-        __m256 a[4][2];
-        for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
-        const size_t o = (size_t)r * rs;
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        const size_t o0 = (size_t)r * rs, o1 = o0 + rs, o2 = o1 + rs, o3 = o2 + rs;
         for (int k = 0; k < k16; k += 16) {
-            __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-            for (int i = 0; i < 4; i++) {
-                a[i][0] = _mm256_fmadd_ps(load8(d, o + i * rs + k, dt), x0, a[i][0]);
-                a[i][1] = _mm256_fmadd_ps(load8(d, o + i * rs + k + 8, dt), x1, a[i][1]);
+            const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+            if (PF_DIST) {
+                _mm_prefetch((const char *)d + (o0 + k) * ESZ + PF_DIST, _MM_HINT_T0);
+                _mm_prefetch((const char *)d + (o1 + k) * ESZ + PF_DIST, _MM_HINT_T0);
+                _mm_prefetch((const char *)d + (o2 + k) * ESZ + PF_DIST, _MM_HINT_T0);
+                _mm_prefetch((const char *)d + (o3 + k) * ESZ + PF_DIST, _MM_HINT_T0);
             }
+            a00 = _mm256_fmadd_ps(load8(d, o0 + k, dt), x0, a00);
+            a01 = _mm256_fmadd_ps(load8(d, o0 + k + 8, dt), x1, a01);
+            a10 = _mm256_fmadd_ps(load8(d, o1 + k, dt), x0, a10);
+            a11 = _mm256_fmadd_ps(load8(d, o1 + k + 8, dt), x1, a11);
+            a20 = _mm256_fmadd_ps(load8(d, o2 + k, dt), x0, a20);
+            a21 = _mm256_fmadd_ps(load8(d, o2 + k + 8, dt), x1, a21);
+            a30 = _mm256_fmadd_ps(load8(d, o3 + k, dt), x0, a30);
+            a31 = _mm256_fmadd_ps(load8(d, o3 + k + 8, dt), x1, a31);
         }
-        for (int i = 0; i < 4; i++) out[r + i - r0] = row_finish(a[i][0], a[i][1], x, W, o + i * rs, k16);
+        out[r - r0] = row_finish(a00, a01, x, W, o0, k16);
+        out[r + 1 - r0] = row_finish(a10, a11, x, W, o1, k16);
+        out[r + 2 - r0] = row_finish(a20, a21, x, W, o2, k16);
+        out[r + 3 - r0] = row_finish(a30, a31, x, W, o3, k16);
     }
     for (; r < r1; r++) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -78,6 +94,66 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     }
 }
 
+/* 8x8 fp32 transpose in registers. */
+INLINE void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* Widen and transpose 16 full rows x kc (a multiple of 8) in 8x8 tiles. */
+INLINE void pack_t(float *Bp, const q3_mat *W, int r0, int k0, int kc, q3_dtype dt) {
+    const size_t rs = W->rs ? W->rs : (size_t)W->cols;
+    for (int jb = 0; jb < Q3_NR; jb += 8)
+        for (int k = 0; k < kc; k += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++) r[j] = load8(W->data, (size_t)(r0 + jb + j) * rs + (size_t)(k0 + k), dt);
+            transpose8(r);
+            for (int i = 0; i < 8; i++) _mm256_store_ps(Bp + (size_t)(k + i) * Q3_NR + jb, r[i]);
+        }
+}
+
+static void pack(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
+    (void)nr;
+    switch (W->dtype) {
+    case Q3_BF16: pack_t(Bp, W, r0, k0, kc, Q3_BF16); break;
+    case Q3_F16: pack_t(Bp, W, r0, k0, kc, Q3_F16); break;
+    case Q3_F32: pack_t(Bp, W, r0, k0, kc, Q3_F32); break;
+    }
+}
+
+/* Full 6x16 tile with every accumulator in a named register (GCC does not
+ * keep an array of vectors in registers reliably). */
+INLINE void micro_full(const float *A, size_t lda, const float *Bp, int kc, __m256 c[Q3_MR][2]) {
+    __m256 c00 = c[0][0], c01 = c[0][1], c10 = c[1][0], c11 = c[1][1], c20 = c[2][0], c21 = c[2][1];
+    __m256 c30 = c[3][0], c31 = c[3][1], c40 = c[4][0], c41 = c[4][1], c50 = c[5][0], c51 = c[5][1];
+    const float *a0 = A, *a1 = A + lda, *a2 = A + 2 * lda, *a3 = A + 3 * lda, *a4 = A + 4 * lda, *a5 = A + 5 * lda;
+    for (int k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_load_ps(Bp + k * Q3_NR), b1 = _mm256_load_ps(Bp + k * Q3_NR + 8);
+        __m256 a;
+#define ROW(i)                                   \
+    a = _mm256_broadcast_ss(a##i + k);           \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);   \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
+#undef ROW
+    }
+    c[0][0] = c00, c[0][1] = c01, c[1][0] = c10, c[1][1] = c11, c[2][0] = c20, c[2][1] = c21;
+    c[3][0] = c30, c[3][1] = c31, c[4][0] = c40, c[4][1] = c41, c[5][0] = c50, c[5][1] = c51;
+}
+
 static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt, int accumulate) {
     __m256 c[Q3_MR][2];
     float tmp[Q3_NR];
@@ -94,22 +170,18 @@ static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C,
         }
     }
     if (mt == Q3_MR) {
-        for (int k = 0; k < kc; k++) {
-            __m256 b0 = _mm256_load_ps(Bp + k * Q3_NR), b1 = _mm256_load_ps(Bp + k * Q3_NR + 8);
-            for (int t = 0; t < Q3_MR; t++) {
-                __m256 a = _mm256_broadcast_ss(A + t * lda + k);
-                c[t][0] = _mm256_fmadd_ps(a, b0, c[t][0]);
-                c[t][1] = _mm256_fmadd_ps(a, b1, c[t][1]);
-            }
-        }
+        micro_full(A, lda, Bp, kc, c);
     } else {
-        for (int k = 0; k < kc; k++) {
-            __m256 b0 = _mm256_load_ps(Bp + k * Q3_NR), b1 = _mm256_load_ps(Bp + k * Q3_NR + 8);
-            for (int t = 0; t < mt; t++) {
-                __m256 a = _mm256_broadcast_ss(A + t * lda + k);
-                c[t][0] = _mm256_fmadd_ps(a, b0, c[t][0]);
-                c[t][1] = _mm256_fmadd_ps(a, b1, c[t][1]);
+        /* Tail tiles: same per-element FMA sequence as the full tile. */
+        for (int t = 0; t < mt; t++) {
+            __m256 x0 = c[t][0], x1 = c[t][1];
+            const float *at = A + t * lda;
+            for (int k = 0; k < kc; k++) {
+                __m256 a = _mm256_broadcast_ss(at + k);
+                x0 = _mm256_fmadd_ps(a, _mm256_load_ps(Bp + k * Q3_NR), x0);
+                x1 = _mm256_fmadd_ps(a, _mm256_load_ps(Bp + k * Q3_NR + 8), x1);
             }
+            c[t][0] = x0, c[t][1] = x1;
         }
     }
     for (int t = 0; t < mt; t++) {
@@ -151,5 +223,5 @@ static void scale(float *y, float a, int n) {
     for (; i < n; i++) y[i] *= a;
 }
 
-const q3_isa_kernels q3_kernels_avx2 = {gemv, micro, dot, axpy, scale};
+const q3_isa_kernels q3_kernels_avx2 = {gemv, micro, pack, dot, axpy, scale};
 #pragma GCC pop_options

@@ -86,7 +86,8 @@ static void run_panel(const q3_mm_job *jb, int r0) {
     }
     for (int k0 = 0; k0 < K; k0 += Q3_KC) {
         const int kc = K - k0 < Q3_KC ? K - k0 : Q3_KC;
-        q3_pack_panel(Bp, W, r0, nr, k0, kc);
+        if (g_k->pack && cs_of(W) == 1 && nr == Q3_NR && kc % 8 == 0) g_k->pack(Bp, W, r0, nr, k0, kc);
+        else q3_pack_panel(Bp, W, r0, nr, k0, kc);
         for (int t = 0; t < jb->T; t += Q3_MR) {
             const int mt = jb->T - t < Q3_MR ? jb->T - t : Q3_MR;
             g_k->micro(jb->x + (size_t)t * jb->ldx + k0, jb->ldx, Bp, kc, jb->out + (size_t)t * jb->ldo + r0, jb->ldo, mt,

@@ -1,0 +1,247 @@
+#include "cli/bench_machine.h"
+
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define BENCH_X86 1
+#include <immintrin.h>
+#else
+#define BENCH_X86 0
+#endif
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void bench_machine_info(bench_machine *m) {
+    memset(m, 0, sizeof *m);
+    snprintf(m->cpu, sizeof m->cpu, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "model name", 10)) continue;
+            char *p = strchr(line, ':');
+            if (!p) continue;
+            p++;
+            while (*p == ' ' || *p == '\t') p++;
+            size_t n = strcspn(p, "\n");
+            while (n && p[n - 1] == ' ') n--;
+            if (n >= sizeof m->cpu) n = sizeof m->cpu - 1;
+            memcpy(m->cpu, p, n);
+            m->cpu[n] = 0;
+            break;
+        }
+        fclose(f);
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    m->cores = n > 0 ? (int)n : 1;
+    m->threads = omp_get_max_threads();
+    double la[1];
+    m->loadavg = getloadavg(la, 1) == 1 ? la[0] : -1;
+}
+
+/* ---- memory read bandwidth ---- */
+
+/* Sum of 64-bit words in [p, p + n); n a multiple of 32. */
+static uint64_t sum_scalar(const uint64_t *p, size_t n) {
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    for (size_t i = 0; i < n; i += 8) {
+        a0 += p[i];
+        a1 += p[i + 1];
+        a2 += p[i + 2];
+        a3 += p[i + 3];
+        a4 += p[i + 4];
+        a5 += p[i + 5];
+        a6 += p[i + 6];
+        a7 += p[i + 7];
+    }
+    return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+#if BENCH_X86
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, size_t n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const __m256i *v = (const __m256i *)p;
+    for (size_t i = 0; i < n / 4; i += 8) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256(v + i));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256(v + i + 1));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256(v + i + 2));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256(v + i + 3));
+        a4 = _mm256_add_epi64(a4, _mm256_load_si256(v + i + 4));
+        a5 = _mm256_add_epi64(a5, _mm256_load_si256(v + i + 5));
+        a6 = _mm256_add_epi64(a6, _mm256_load_si256(v + i + 6));
+        a7 = _mm256_add_epi64(a7, _mm256_load_si256(v + i + 7));
+    }
+    a0 = _mm256_add_epi64(_mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)),
+                          _mm256_add_epi64(_mm256_add_epi64(a4, a5), _mm256_add_epi64(a6, a7)));
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, a0);
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#endif
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static volatile uint64_t bench_sink_u64;
+static volatile float bench_sink_f32;
+
+int bench_measure_membw(size_t bytes, int passes, bench_membw *out) {
+    memset(out, 0, sizeof *out);
+    const int T = omp_get_max_threads();
+    /* Whole 256-byte blocks per thread: every slice is 32-byte aligned and a
+     * multiple of the 8 x 32-byte unrolled step. */
+    const size_t block = 256, blocks = bytes / block, per = blocks / (size_t)T;
+    if (per == 0) return q3_err("--membw-mb: buffer too small for %d threads", T);
+    bytes = per * (size_t)T * block;
+    void *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) return q3_err("cannot allocate a %zu MiB buffer for the bandwidth test", bytes >> 20);
+#ifdef MADV_HUGEPAGE
+    madvise(buf, bytes, MADV_HUGEPAGE);
+#endif
+    uint64_t *w = buf;
+    const size_t words_per = per * block / 8;
+    int use_avx2 = 0;
+#if BENCH_X86
+    use_avx2 = __builtin_cpu_supports("avx2");
+#endif
+    out->method = use_avx2 ? "avx2" : "scalar";
+    /* Touch every page from the thread that will read it (first touch places
+     * the page on that thread's NUMA node). */
+#pragma omp parallel num_threads(T)
+    {
+        uint64_t *p = w + (size_t)omp_get_thread_num() * words_per;
+        for (size_t i = 0; i < words_per; i++) p[i] = i;
+    }
+    double *gbs = q3_malloc((size_t)passes * sizeof *gbs);
+    uint64_t total = 0;
+    for (int pass = 0; pass < passes; pass++) {
+        uint64_t sum = 0;
+        double t0 = now_s();
+#pragma omp parallel num_threads(T) reduction(+ : sum)
+        {
+            const uint64_t *p = w + (size_t)omp_get_thread_num() * words_per;
+#if BENCH_X86
+            if (use_avx2) sum += sum_avx2(p, words_per);
+            else
+#endif
+                sum += sum_scalar(p, words_per);
+        }
+        double dt = now_s() - t0;
+        total += sum;
+        gbs[pass] = bytes / dt / 1e9;
+    }
+    bench_sink_u64 = total;
+    qsort(gbs, (size_t)passes, sizeof *gbs, cmp_double);
+    out->ran = 1;
+    out->bytes = bytes;
+    out->passes = passes;
+    out->best_gbs = gbs[passes - 1];
+    out->median_gbs = passes % 2 ? gbs[passes / 2] : 0.5 * (gbs[passes / 2 - 1] + gbs[passes / 2]);
+    free(gbs);
+    munmap(buf, bytes);
+    return 0;
+}
+
+/* ---- FMA peak ---- */
+
+#define FMA_CHAINS 12
+
+#if BENCH_X86
+__attribute__((target("avx2,fma"))) static float fma_avx2(long iters, float seed) {
+    __m256 a[FMA_CHAINS];
+    const __m256 b = _mm256_set1_ps(0.9999999f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < FMA_CHAINS; i++) a[i] = _mm256_set1_ps(seed + (float)i);
+    for (long it = 0; it < iters; it++) {
+        a[0] = _mm256_fmadd_ps(a[0], b, c);
+        a[1] = _mm256_fmadd_ps(a[1], b, c);
+        a[2] = _mm256_fmadd_ps(a[2], b, c);
+        a[3] = _mm256_fmadd_ps(a[3], b, c);
+        a[4] = _mm256_fmadd_ps(a[4], b, c);
+        a[5] = _mm256_fmadd_ps(a[5], b, c);
+        a[6] = _mm256_fmadd_ps(a[6], b, c);
+        a[7] = _mm256_fmadd_ps(a[7], b, c);
+        a[8] = _mm256_fmadd_ps(a[8], b, c);
+        a[9] = _mm256_fmadd_ps(a[9], b, c);
+        a[10] = _mm256_fmadd_ps(a[10], b, c);
+        a[11] = _mm256_fmadd_ps(a[11], b, c);
+    }
+    __m256 s = a[0];
+    for (int i = 1; i < FMA_CHAINS; i++) s = _mm256_add_ps(s, a[i]);
+    float l[8];
+    _mm256_storeu_ps(l, s);
+    return l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
+}
+#endif
+
+/* 8 independent scalar multiply-add chains (2 flops each). */
+static float fma_scalar(long iters, float seed) {
+    float a[8];
+    for (int i = 0; i < 8; i++) a[i] = seed + (float)i;
+    const float b = 0.9999999f, c = 1e-7f;
+    for (long it = 0; it < iters; it++)
+        for (int i = 0; i < 8; i++) a[i] = a[i] * b + c;
+    return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+}
+
+void bench_measure_fma(bench_fma *out) {
+    memset(out, 0, sizeof *out);
+    const int T = omp_get_max_threads();
+    int use_fma = 0;
+#if BENCH_X86
+    use_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    out->method = use_fma ? "avx2+fma 256-bit" : "scalar mul+add";
+    out->chains = use_fma ? FMA_CHAINS : 8;
+    const double flops_per_iter = use_fma ? FMA_CHAINS * 8 * 2.0 : 8 * 2.0;
+    /* Calibrate the iteration count on one thread to ~50 ms per run. */
+    long iters = 1 << 16;
+    for (;;) {
+        double t0 = now_s();
+#if BENCH_X86
+        if (use_fma) bench_sink_f32 = fma_avx2(iters, 1.0f);
+        else
+#endif
+            bench_sink_f32 = fma_scalar(iters, 1.0f);
+        double dt = now_s() - t0;
+        if (dt > 0.02 || iters > (1l << 34)) {
+            iters = (long)(iters * (0.05 / (dt > 1e-6 ? dt : 1e-6)));
+            if (iters < 1) iters = 1;
+            break;
+        }
+        iters *= 4;
+    }
+    double best = 0;
+    for (int run = 0; run < 5; run++) {
+        float sum = 0;
+        double t0 = now_s();
+#pragma omp parallel num_threads(T) reduction(+ : sum)
+        {
+            float seed = 1.0f + (float)omp_get_thread_num();
+#if BENCH_X86
+            if (use_fma) sum += fma_avx2(iters, seed);
+            else
+#endif
+                sum += fma_scalar(iters, seed);
+        }
+        double dt = now_s() - t0;
+        bench_sink_f32 = sum;
+        double g = flops_per_iter * (double)iters * T / dt / 1e9;
+        if (g > best) best = g;
+    }
+    out->gflops = best;
+}

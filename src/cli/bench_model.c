@@ -1,0 +1,143 @@
+#include "cli/bench_model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util/error.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void bench_fill_ids(int32_t *ids, int n, int vocab, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < n; i++) {
+        /* splitmix64 */
+        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        ids[i] = (int32_t)(z % (uint64_t)vocab);
+    }
+}
+
+double bench_active_params(const q3_config *c) {
+    const double H = c->hidden_size, QD = (double)c->num_heads * c->head_dim, KVD = (double)c->num_kv_heads * c->head_dim;
+    double p = 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        p += QD * H + 2 * KVD * H + H * QD;
+        if (c->layer_is_sparse[l])
+            p += (double)c->num_experts * H + (double)c->num_experts_per_tok * 3.0 * c->moe_intermediate_size * H;
+        else p += 3.0 * c->intermediate_size * H;
+    }
+    return p;
+}
+
+double bench_prefill_flops(const q3_config *c, int P) {
+    const double attn = 4.0 * c->head_dim * c->num_heads * ((double)P * (P + 1) / 2) * c->num_layers;
+    return 2.0 * bench_active_params(c) * P + attn + 2.0 * c->vocab_size * (double)c->hidden_size;
+}
+
+void bench_checkpoint_size(const q3_model *m, double *params, double *bytes, const char **dtype) {
+    *params = *bytes = 0;
+    *dtype = "none";
+    for (int i = 0; i < m->st.n_tensors; i++) {
+        const q3_st_tensor *t = &m->st.tensors[i];
+        *bytes += (double)t->nbytes;
+        *params += (double)t->nbytes / (double)q3_dtype_size(t->dtype);
+        if (i == 0) *dtype = q3_dtype_name(t->dtype);
+        else if (strcmp(*dtype, q3_dtype_name(t->dtype))) *dtype = "mixed";
+    }
+}
+
+static double mat_bytes(const q3_mat *w) { return (double)w->rows * w->cols * (double)q3_dtype_size(w->dtype); }
+
+double bench_decode_fixed_bytes(const q3_model *m) {
+    const q3_config *c = &m->cfg;
+    const double F32 = sizeof(float);
+    double b = 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        const q3_layer *L = &m->layers[l];
+        b += mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo);
+        b += F32 * (2.0 * c->hidden_size + 2.0 * c->head_dim); /* attn/mlp norm, q/k norm */
+        if (L->sparse) b += mat_bytes(&L->router);
+        else b += mat_bytes(&L->ffn_gate) + mat_bytes(&L->ffn_up) + mat_bytes(&L->ffn_down);
+    }
+    b += mat_bytes(&m->lm_head) + F32 * c->hidden_size;
+    b += (double)c->hidden_size * (double)q3_dtype_size(m->embed.dtype);
+    return b;
+}
+
+double bench_expert_bytes(const q3_model *m, const uint64_t *hits) {
+    const q3_config *c = &m->cfg;
+    double b = 0;
+    if (!c->is_moe) return 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        const q3_layer *L = &m->layers[l];
+        if (!L->sparse) continue;
+        for (int e = 0; e < c->num_experts; e++) {
+            uint64_t h = hits[(size_t)l * c->num_experts + e];
+            if (h) b += (double)h * (mat_bytes(&L->gate[e]) + mat_bytes(&L->up[e]) + mat_bytes(&L->down[e]));
+        }
+    }
+    return b;
+}
+
+double bench_kv_bytes(const q3_config *c, int pos) {
+    return 2.0 * c->num_layers * (double)(pos + 1) * c->num_kv_heads * c->head_dim * sizeof(float);
+}
+
+int bench_run_prefill(const q3_model *m, q3_state *s, float *logits, const int32_t *ids, int P, int reps, double *ms) {
+    for (int r = 0; r < reps; r++) {
+        q3_state_reset(s);
+        double t0 = now_ms();
+        if (q3_forward(m, s, ids, P, logits, 0)) return -1;
+        ms[r] = now_ms() - t0;
+        fprintf(stderr, "[bench] prefill %d tokens, rep %d/%d: %.2f ms\n", P, r + 1, reps, ms[r]);
+    }
+    return 0;
+}
+
+int bench_run_decode(const q3_model *m, q3_state *s, float *logits, const int32_t *ids, int depth, int n, int reps,
+                     double *ms, uint64_t *hits_delta) {
+    const q3_config *c = &m->cfg;
+    const size_t nh = c->is_moe ? (size_t)c->num_layers * c->num_experts : 0;
+    uint64_t *before = nh ? q3_malloc(nh * sizeof *before) : NULL;
+    if (nh) memset(hits_delta, 0, nh * sizeof *hits_delta);
+    int rc = 0;
+    for (int r = 0; rc == 0 && r < reps; r++) {
+        q3_state_reset(s);
+        if (depth > 0 && q3_forward(m, s, ids, depth, NULL, 0)) rc = -1;
+        if (nh && s->expert_hits) memcpy(before, s->expert_hits, nh * sizeof *before);
+        double sum = 0;
+        for (int i = 0; rc == 0 && i < n; i++) {
+            double t0 = now_ms();
+            if (q3_forward(m, s, ids + depth + i, 1, logits, 0)) rc = -1;
+            ms[(size_t)r * n + i] = now_ms() - t0;
+            sum += ms[(size_t)r * n + i];
+        }
+        if (rc == 0 && nh && s->expert_hits)
+            for (size_t k = 0; k < nh; k++) hits_delta[k] += s->expert_hits[k] - before[k];
+        if (rc == 0) fprintf(stderr, "[bench] decode at depth %d, rep %d/%d: %d steps, mean %.2f ms/token\n", depth, r + 1, reps, n, sum / n);
+    }
+    free(before);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double bench_percentile(double *v, int n, double pct) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    double pos = pct / 100.0 * (n - 1);
+    int i = (int)pos;
+    if (i >= n - 1) return v[n - 1];
+    return v[i] + (pos - i) * (v[i + 1] - v[i]);
+}

@@ -1,0 +1,48 @@
+/* Model-side measurements for `q3moe bench`: prefill and decode timing
+ * loops over q3_forward, FLOP counts and the weight bytes a decode token
+ * reads, from the loaded model's own tensor views. */
+#ifndef Q3_BENCH_MODEL_H
+#define Q3_BENCH_MODEL_H
+
+#include <stdint.h>
+
+#include "model/forward.h"
+
+/* Deterministic pseudo-random token ids in [0, vocab). */
+void bench_fill_ids(int32_t *ids, int n, int vocab, uint64_t seed);
+
+/* Weight parameters one token multiplies by (attention q/k/v/o, router and
+ * top_k experts' gate/up/down per sparse layer, the dense MLP otherwise),
+ * without lm_head and embedding. */
+double bench_active_params(const q3_config *c);
+/* FLOPs of a P-token prefill that asks for the last row of logits:
+ * 2 * active params * P + per layer 4 * head_dim * heads * P(P+1)/2 for the
+ * causal QK^T and AV products + 2 * vocab * hidden for the lm_head row. */
+double bench_prefill_flops(const q3_config *c, int P);
+/* Total parameters and bytes of every tensor of the checkpoint, and the
+ * dtype they share ("mixed" when they differ). */
+void bench_checkpoint_size(const q3_model *m, double *params, double *bytes, const char **dtype);
+
+/* Bytes every decode token reads whatever the routing: per layer q/k/v/o,
+ * norms (their fp32 copies), router or dense MLP; lm_head, final norm and
+ * one embedding row. */
+double bench_decode_fixed_bytes(const q3_model *m);
+/* Expert weight bytes read for the routing counts `hits` ([layers][experts]
+ * tokens per expert): each hit reads that expert's gate, up and down. */
+double bench_expert_bytes(const q3_model *m, const uint64_t *hits);
+/* K and V cache bytes attention reads for a token at position pos. */
+double bench_kv_bytes(const q3_config *c, int pos);
+
+/* `reps` timed prefills of P tokens, each after q3_state_reset; ms[reps]. */
+int bench_run_prefill(const q3_model *m, q3_state *s, float *logits, const int32_t *ids, int P, int reps, double *ms);
+/* reps x (reset, untimed prefill of `depth` ids, n timed single-token steps
+ * with logits); ms[reps * n]. hits_delta ([layers][experts], zeroed here)
+ * receives the experts routed to during the timed steps only. s->expert_hits
+ * must be allocated for MoE models. */
+int bench_run_decode(const q3_model *m, q3_state *s, float *logits, const int32_t *ids, int depth, int n, int reps,
+                     double *ms, uint64_t *hits_delta);
+
+/* Linear-interpolated percentile (0..100) of n values (sorted in place). */
+double bench_percentile(double *v, int n, double pct);
+
+#endif

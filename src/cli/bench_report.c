@@ -1,0 +1,195 @@
+#include "cli/bench_report.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util/error.h"
+
+static double pct(double x, double of) { return of > 0 ? 100.0 * x / of : 0; }
+
+void bench_print_table(FILE *f, const bench_results *r) {
+    const bench_machine *mc = &r->machine;
+    if (r->has_model) {
+        const q3_config *c = &r->cfg;
+        fprintf(f, "model      %s (%s): %d layers, hidden %d, %d/%d heads x %d", r->name, c->is_moe ? "qwen3_moe" : "qwen3",
+                c->num_layers, c->hidden_size, c->num_heads, c->num_kv_heads, c->head_dim);
+        if (c->is_moe) fprintf(f, ", %d experts top-%d (ffn %d)", c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size);
+        fprintf(f, ", vocab %d\n", c->vocab_size);
+        fprintf(f, "weights    %s, %.3f B params, %.2f GB; %.3f B active params/token (without embedding and lm_head)\n",
+                r->dtype, r->params / 1e9, r->bytes / 1e9, r->active_params / 1e9);
+    }
+    fprintf(f, "machine    %s, %d logical cores, %d thread%s", mc->cpu, mc->cores, mc->threads, mc->threads == 1 ? "" : "s");
+    if (mc->loadavg >= 0) fprintf(f, ", load average %.2f at start", mc->loadavg);
+    fprintf(f, "\n");
+    if (r->has_model) fprintf(f, "context    %d tokens (KV cache)\n", r->ctx);
+    fprintf(f, "FMA peak   %.1f GFLOP/s (%s, %d independent chains per thread, all threads)\n", r->fma.gflops,
+            r->fma.method, r->fma.chains);
+    if (r->membw.ran)
+        fprintf(f, "mem read   best %.2f GB/s, median %.2f GB/s (%zu MiB buffer, %d passes, %s sum, all threads)\n",
+                r->membw.best_gbs, r->membw.median_gbs, r->membw.bytes >> 20, r->membw.passes, r->membw.method);
+    else fprintf(f, "mem read   not measured (--no-membw)\n");
+    if (!r->has_model) return;
+
+    if (r->n_prefill) {
+        fprintf(f, "\nprefill (last-row logits; %d reps each)\n", r->prefill[0].reps);
+        fprintf(f, "  %8s %11s %11s %11s %10s %10s %8s\n", "tokens", "median ms", "min ms", "max ms", "tok/s", "GFLOP/s",
+                "% peak");
+        for (int i = 0; i < r->n_prefill; i++) {
+            const bench_prefill_result *p = &r->prefill[i];
+            fprintf(f, "  %8d %11.2f %11.2f %11.2f %10.1f %10.2f %8.1f\n", p->tokens, p->ms_median, p->ms_min, p->ms_max,
+                    p->tok_s, p->gflops, pct(p->gflops, r->fma.gflops));
+        }
+    }
+    const bench_decode_result *d = &r->decode;
+    if (d->ran) {
+        fprintf(f, "\ndecode (1 token per step, logits every step; after a %d-token prefill; %d steps x %d reps)\n", d->depth,
+                d->steps, d->reps);
+        fprintf(f, "  %8s %8s %8s %8s %12s %9s %8s\n", "p50 ms", "p90 ms", "p99 ms", "tok/s", "weight MB/tok", "GB/s",
+                "% membw");
+        char pm[16];
+        if (r->membw.ran) snprintf(pm, sizeof pm, "%.1f", pct(d->gbs, r->membw.best_gbs));
+        else snprintf(pm, sizeof pm, "-");
+        fprintf(f, "  %8.2f %8.2f %8.2f %8.2f %12.2f %9.2f %8s\n", d->p50, d->p90, d->p99, d->tok_s, d->weight_bytes / 1e6,
+                d->gbs, pm);
+        if (r->cfg.is_moe)
+            fprintf(f, "  weight bytes/token: %.2f MB fixed (attention, norms, router/dense MLP, lm_head, 1 embedding row)\n"
+                       "                     + %.2f MB experts (%.1f expert reads/token over all layers)\n",
+                    d->fixed_bytes / 1e6, d->expert_bytes / 1e6, d->expert_hits_per_token);
+        else
+            fprintf(f, "  weight bytes/token: %.2f MB (attention, norms, MLP, lm_head, 1 embedding row)\n", d->fixed_bytes / 1e6);
+        fprintf(f, "  KV cache read: %.2f MB/token on average (not included above)\n", d->kv_bytes / 1e6);
+    }
+    const bench_ttft *t = &r->ttft;
+    if (t->ran) {
+        fprintf(f, "\ntime to first token (fresh `q3moe generate` process, %d-token prompt by --ids, -n 1, greedy)\n",
+                t->prompt_tokens);
+        fprintf(f, "  cold %10.1f ms  (process exit %.1f ms, peak RSS %.1f MiB); cold = %d checkpoint files evicted from\n"
+                   "                     the page cache with posix_fadvise(DONTNEED), %.1f%% of their bytes still resident after\n",
+                t->cold_ms, t->cold_exit_ms, t->cold_rss_kb / 1024.0, t->evicted_files, 100 * t->resident_after_evict);
+        fprintf(f, "  warm %10.1f ms  (process exit %.1f ms, peak RSS %.1f MiB); second of two runs after the cold one\n",
+                t->warm_ms, t->warm_exit_ms, t->warm_rss_kb / 1024.0);
+    }
+    fprintf(f, "\npeak RSS   bench process %.1f MiB (model runs)", r->rss_kb / 1024.0);
+    if (t->ran) fprintf(f, ", TTFT child %.1f MiB", (t->cold_rss_kb > t->warm_rss_kb ? t->cold_rss_kb : t->warm_rss_kb) / 1024.0);
+    fprintf(f, "\n");
+}
+
+static void set_num(json_t *o, const char *k, double v) { json_object_set_new(o, k, json_real(v)); }
+static void set_int(json_t *o, const char *k, long long v) { json_object_set_new(o, k, json_integer((json_int_t)v)); }
+static void set_str(json_t *o, const char *k, const char *v) { json_object_set_new(o, k, json_string(v)); }
+
+int bench_write_json(const char *path, int force, const bench_results *r) {
+    json_t *root = json_object(), *o;
+    set_int(root, "q3moe_bench_version", 1);
+    const bench_machine *mc = &r->machine;
+    json_object_set_new(root, "machine", o = json_object());
+    set_str(o, "cpu", mc->cpu);
+    set_int(o, "cores", mc->cores);
+    set_int(o, "threads", mc->threads);
+    if (mc->loadavg >= 0) set_num(o, "loadavg_1m", mc->loadavg);
+    else json_object_set_new(o, "loadavg_1m", json_null());
+    json_object_set_new(root, "fma_peak", o = json_object());
+    set_num(o, "gflops", r->fma.gflops);
+    set_str(o, "method", r->fma.method);
+    set_int(o, "chains_per_thread", r->fma.chains);
+    if (r->membw.ran) {
+        json_object_set_new(root, "membw", o = json_object());
+        set_num(o, "best_gbs", r->membw.best_gbs);
+        set_num(o, "median_gbs", r->membw.median_gbs);
+        set_int(o, "buffer_bytes", (long long)r->membw.bytes);
+        set_int(o, "passes", r->membw.passes);
+        set_str(o, "method", r->membw.method);
+    } else json_object_set_new(root, "membw", json_null());
+    if (r->has_model) {
+        const q3_config *c = &r->cfg;
+        json_object_set_new(root, "model", o = json_object());
+        set_str(o, "dir", r->dir);
+        set_str(o, "name", r->name);
+        set_str(o, "model_type", c->is_moe ? "qwen3_moe" : "qwen3");
+        set_int(o, "layers", c->num_layers);
+        set_int(o, "hidden_size", c->hidden_size);
+        set_int(o, "num_heads", c->num_heads);
+        set_int(o, "num_kv_heads", c->num_kv_heads);
+        set_int(o, "head_dim", c->head_dim);
+        set_int(o, "num_experts", c->num_experts);
+        set_int(o, "top_k", c->num_experts_per_tok);
+        set_int(o, "moe_intermediate_size", c->moe_intermediate_size);
+        set_int(o, "intermediate_size", c->intermediate_size);
+        set_int(o, "vocab_size", c->vocab_size);
+        set_str(o, "dtype", r->dtype);
+        set_num(o, "params", r->params);
+        set_num(o, "bytes", r->bytes);
+        set_num(o, "active_params_per_token", r->active_params);
+        set_int(root, "ctx", r->ctx);
+        json_t *pa = json_array();
+        for (int i = 0; i < r->n_prefill; i++) {
+            const bench_prefill_result *p = &r->prefill[i];
+            json_array_append_new(pa, o = json_object());
+            set_int(o, "tokens", p->tokens);
+            set_int(o, "reps", p->reps);
+            set_num(o, "ms_median", p->ms_median);
+            set_num(o, "ms_min", p->ms_min);
+            set_num(o, "ms_max", p->ms_max);
+            set_num(o, "tokens_per_s", p->tok_s);
+            set_num(o, "flops", p->flops);
+            set_num(o, "gflops", p->gflops);
+            set_num(o, "pct_fma_peak", pct(p->gflops, r->fma.gflops));
+        }
+        json_object_set_new(root, "prefill", pa);
+        const bench_decode_result *d = &r->decode;
+        if (d->ran) {
+            json_object_set_new(root, "decode", o = json_object());
+            set_int(o, "depth", d->depth);
+            set_int(o, "steps", d->steps);
+            set_int(o, "reps", d->reps);
+            set_num(o, "ms_p50", d->p50);
+            set_num(o, "ms_p90", d->p90);
+            set_num(o, "ms_p99", d->p99);
+            set_num(o, "tokens_per_s", d->tok_s);
+            set_num(o, "weight_bytes_per_token", d->weight_bytes);
+            set_num(o, "fixed_bytes_per_token", d->fixed_bytes);
+            set_num(o, "expert_bytes_per_token", d->expert_bytes);
+            set_num(o, "expert_reads_per_token", d->expert_hits_per_token);
+            set_num(o, "kv_bytes_per_token", d->kv_bytes);
+            set_num(o, "gbs", d->gbs);
+            if (r->membw.ran) set_num(o, "pct_membw", pct(d->gbs, r->membw.best_gbs));
+            else json_object_set_new(o, "pct_membw", json_null());
+        } else json_object_set_new(root, "decode", json_null());
+        const bench_ttft *t = &r->ttft;
+        if (t->ran) {
+            json_object_set_new(root, "ttft", o = json_object());
+            set_int(o, "prompt_tokens", t->prompt_tokens);
+            set_num(o, "cold_ms", t->cold_ms);
+            set_num(o, "warm_ms", t->warm_ms);
+            set_num(o, "cold_exit_ms", t->cold_exit_ms);
+            set_num(o, "warm_exit_ms", t->warm_exit_ms);
+            set_int(o, "cold_peak_rss_bytes", (long long)t->cold_rss_kb * 1024);
+            set_int(o, "warm_peak_rss_bytes", (long long)t->warm_rss_kb * 1024);
+            set_str(o, "cold_method", "posix_fadvise(POSIX_FADV_DONTNEED) on the checkpoint files");
+            set_int(o, "evicted_files", t->evicted_files);
+            set_num(o, "evicted_bytes", t->evicted_bytes);
+            set_num(o, "resident_fraction_after_evict", t->resident_after_evict);
+        } else json_object_set_new(root, "ttft", json_null());
+        set_int(root, "peak_rss_bytes", (long long)r->rss_kb * 1024);
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (force ? O_TRUNC : O_EXCL), 0644);
+    if (fd < 0) {
+        json_decref(root);
+        if (errno == EEXIST) return q3_err("--json: %s already exists (use --force to overwrite)", path);
+        return q3_err("--json: cannot create %s: %s", path, strerror(errno));
+    }
+    FILE *f = fdopen(fd, "w");
+    int rc = 0;
+    if (!f) {
+        close(fd);
+        rc = q3_err("--json: %s: %s", path, strerror(errno));
+    } else {
+        if (json_dumpf(root, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) || fputc('\n', f) == EOF) rc = -1;
+        if (fclose(f) || rc) rc = q3_err("--json: writing %s failed", path);
+    }
+    json_decref(root);
+    return rc;
+}

@@ -1,0 +1,57 @@
+/* Results of `q3moe bench`, printed as an aligned table and written as JSON. */
+#ifndef Q3_BENCH_REPORT_H
+#define Q3_BENCH_REPORT_H
+
+#include <stdio.h>
+
+#include "cli/bench_machine.h"
+#include "cli/bench_ttft.h"
+#include "model/config.h"
+
+typedef struct {
+    int tokens, reps;
+    double ms_median, ms_min, ms_max;
+    double tok_s;       /* tokens / median time */
+    double flops;       /* per prefill, see bench_prefill_flops */
+    double gflops;      /* flops / median time */
+} bench_prefill_result;
+
+typedef struct {
+    int ran;
+    int depth, steps, reps;
+    double p50, p90, p99;           /* ms per token over steps * reps */
+    double tok_s;                   /* 1000 / p50 */
+    double fixed_bytes;             /* per token, independent of routing */
+    double expert_bytes;            /* per token, mean over the timed steps */
+    double weight_bytes;            /* fixed + expert */
+    double expert_hits_per_token;   /* experts read per token, all layers */
+    double kv_bytes;                /* K/V cache read per token, mean over the timed steps */
+    double gbs;                     /* weight_bytes / p50 */
+} bench_decode_result;
+
+typedef struct {
+    /* model (has_model = 0: machine measurements only) */
+    int has_model;
+    const char *dir;
+    char name[256];
+    q3_config cfg;
+    double params, bytes, active_params;
+    const char *dtype;
+    int ctx;
+    /* machine */
+    bench_machine machine;
+    bench_fma fma;
+    bench_membw membw;
+    /* runs */
+    int n_prefill;
+    bench_prefill_result *prefill;
+    bench_decode_result decode;
+    bench_ttft ttft;
+    long rss_kb;                    /* bench process peak RSS after the model runs */
+} bench_results;
+
+void bench_print_table(FILE *f, const bench_results *r);
+/* Write the JSON report; refuses an existing file unless force. */
+int bench_write_json(const char *path, int force, const bench_results *r);
+
+#endif

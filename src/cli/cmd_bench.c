@@ -1,0 +1,303 @@
+/* `q3moe bench`: prefill and decode speed, decode memory traffic, time to
+ * first token and peak memory of a checkpoint, next to the machine's
+ * measured memory read bandwidth and FMA peak (llama-bench in spirit). */
+#include <errno.h>
+#include <stdarg.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "cli/args.h"
+#include "cli/bench_machine.h"
+#include "cli/bench_model.h"
+#include "cli/bench_report.h"
+#include "cli/bench_ttft.h"
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "util/error.h"
+#include "util/file.h"
+
+#define MAX_PROMPTS 64
+#define MEMBW_PASSES 10
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: q3moe bench -m DIR [options]\n"
+            "       q3moe bench --membw [-t THREADS] [--membw-mb MB]   (machine measurements only)\n\n"
+            "Measures prefill and single-batch decode speed, the weight bytes each decode token\n"
+            "reads, time to first token of a fresh process (cold and warm page cache) and peak\n"
+            "RSS, next to this machine's measured memory read bandwidth and FMA peak. The table\n"
+            "goes to stdout, progress to stderr. See BENCHMARKS.md for what each number means.\n\n"
+            "  -m DIR            Hugging Face checkpoint directory\n"
+            "  -p LIST           prompt lengths for prefill, comma-separated (default 128,512,4096;\n"
+            "                    0 = no prefill test)\n"
+            "  -n N              decode steps per repetition (default 64; 0 = no decode test)\n"
+            "  -r R              repetitions (default 5)\n"
+            "  -t THREADS        worker threads (default: all cores)\n"
+            "  --depth D         tokens prefilled before the timed decode steps (default 128)\n"
+            "  --ctx N           KV cache size (default: the largest length the runs need)\n"
+            "  --json FILE       also write the results as JSON (an existing FILE is refused)\n"
+            "  --force           overwrite the --json FILE\n"
+            "  --membw           without -m: measure only the machine (bandwidth and FMA peak)\n"
+            "  --no-membw        skip the memory bandwidth test (no %% of bandwidth reported)\n"
+            "  --membw-mb MB     bandwidth test buffer size in MiB (default 1024)\n"
+            "  --no-ttft         skip the time-to-first-token runs\n"
+            "  --ttft-p N        prompt length of the time-to-first-token runs (default: the\n"
+            "                    first -p length, or 128)\n");
+}
+
+static int fail(const char *fmt, ...) Q3_PRINTF(1, 2);
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "q3moe bench: error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return 2;
+}
+
+static int parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end) return fail("%s: '%s' is not an integer", opt, s);
+    if (v < lo || v > hi) return fail("%s: %ld is out of range [%ld, %ld]", opt, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+static int parse_lengths(const char *opt, const char *s, int *out, int *n) {
+    *n = 0;
+    const char *p = s;
+    if (!*p) return fail("%s: empty list", opt);
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || (*end && *end != ',')) return fail("%s: bad list at '%s' (expected e.g. 128,512)", opt, p);
+        if (v < 0 || v > (1l << 24)) return fail("%s: length %ld is out of range [0, %ld]", opt, v, 1l << 24);
+        if (*n == MAX_PROMPTS) return fail("%s: at most %d lengths", opt, MAX_PROMPTS);
+        out[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    /* -p 0 alone: no prefill test. */
+    if (*n == 1 && out[0] == 0) *n = 0;
+    for (int i = 0; i < *n; i++)
+        if (out[i] == 0) return fail("%s: 0 is only allowed alone (-p 0 = no prefill test)", opt);
+    return 0;
+}
+
+static const char *base_name(const char *dir, char *buf, size_t cap) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    size_t len = n - b < cap - 1 ? n - b : cap - 1;
+    memcpy(buf, dir + b, len);
+    buf[len] = 0;
+    return buf;
+}
+
+static long peak_rss_kb(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) ? 0 : ru.ru_maxrss;
+}
+
+/* Everything that needs the loaded model. */
+static int run_model(bench_results *r, q3_session *s, const int *plen, int np, long n_dec, long reps, long depth,
+                     const int32_t *ids) {
+    const q3_model *m = &s->model;
+    const q3_config *c = &m->cfg;
+    bench_checkpoint_size(m, &r->params, &r->bytes, &r->dtype);
+    r->active_params = bench_active_params(c);
+    const size_t nh = c->is_moe ? (size_t)c->num_layers * c->num_experts : 0;
+    uint64_t *delta = nh ? q3_calloc(nh, sizeof *delta) : NULL;
+    if (nh) s->state.expert_hits = q3_calloc(nh, sizeof(uint64_t));
+    double *ms = q3_malloc((size_t)reps * (size_t)(n_dec > 1 ? n_dec : 1) * sizeof *ms);
+    int rc = 0;
+
+    /* One untimed run faults the weights in and starts the thread pool. */
+    int warm = np ? plen[0] : (n_dec > 0 && depth > 0 ? (int)depth : 1);
+    fprintf(stderr, "[bench] warm-up: untimed prefill of %d tokens\n", warm);
+    q3_state_reset(&s->state);
+    rc = q3_forward(m, &s->state, ids, warm, s->logits, 0);
+
+    r->prefill = q3_calloc((size_t)(np ? np : 1), sizeof *r->prefill);
+    for (int i = 0; rc == 0 && i < np; i++) {
+        const int P = plen[i];
+        rc = bench_run_prefill(m, &s->state, s->logits, ids, P, (int)reps, ms);
+        if (rc) break;
+        bench_prefill_result *p = &r->prefill[r->n_prefill++];
+        p->tokens = P;
+        p->reps = (int)reps;
+        p->ms_min = bench_percentile(ms, (int)reps, 0);
+        p->ms_max = bench_percentile(ms, (int)reps, 100);
+        p->ms_median = bench_percentile(ms, (int)reps, 50);
+        p->tok_s = P * 1e3 / p->ms_median;
+        p->flops = bench_prefill_flops(c, P);
+        p->gflops = p->flops / (p->ms_median * 1e6);
+    }
+
+    if (rc == 0 && n_dec > 0) {
+        bench_decode_result *d = &r->decode;
+        rc = bench_run_decode(m, &s->state, s->logits, ids, (int)depth, (int)n_dec, (int)reps, ms, delta);
+        if (rc == 0) {
+            const int total = (int)(n_dec * reps);
+            d->ran = 1;
+            d->depth = (int)depth;
+            d->steps = (int)n_dec;
+            d->reps = (int)reps;
+            d->p50 = bench_percentile(ms, total, 50);
+            d->p90 = bench_percentile(ms, total, 90);
+            d->p99 = bench_percentile(ms, total, 99);
+            d->tok_s = 1e3 / d->p50;
+            d->fixed_bytes = bench_decode_fixed_bytes(m);
+            d->expert_bytes = nh ? bench_expert_bytes(m, delta) / total : 0;
+            d->weight_bytes = d->fixed_bytes + d->expert_bytes;
+            uint64_t hits = 0;
+            for (size_t k = 0; k < nh; k++) hits += delta[k];
+            d->expert_hits_per_token = (double)hits / total;
+            double kv = 0;
+            for (int i = 0; i < n_dec; i++) kv += bench_kv_bytes(c, (int)depth + i);
+            d->kv_bytes = kv / (double)n_dec;
+            d->gbs = d->weight_bytes / (d->p50 * 1e6);
+        }
+    }
+    r->rss_kb = peak_rss_kb();
+    free(s->state.expert_hits);
+    s->state.expert_hits = NULL;
+    free(delta);
+    free(ms);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model_dir = NULL, *json_path = NULL, *plist = "128,512,4096";
+    long n_dec = 64, reps = 5, threads = 0, depth = 128, ctx_arg = 0, membw_mb = 1024, ttft_p = 0;
+    int force = 0, membw_flag = 0, no_membw = 0, no_ttft = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--force")) force = 1;
+        else if (!strcmp(a, "--membw")) membw_flag = 1;
+        else if (!strcmp(a, "--no-membw")) no_membw = 1;
+        else if (!strcmp(a, "--no-ttft")) no_ttft = 1;
+        else if (!strcmp(a, "-m") || !strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-r") || !strcmp(a, "-t") ||
+                 !strcmp(a, "--depth") || !strcmp(a, "--ctx") || !strcmp(a, "--json") || !strcmp(a, "--membw-mb") ||
+                 !strcmp(a, "--ttft-p")) {
+            if (i + 1 >= argc) return fail("option %s needs a value", a);
+            const char *v = argv[++i];
+            int bad = 0;
+            if (!strcmp(a, "-m")) model_dir = v;
+            else if (!strcmp(a, "-p")) plist = v;
+            else if (!strcmp(a, "--json")) json_path = v;
+            else if (!strcmp(a, "-n")) bad = parse_long(a, v, 0, 1l << 20, &n_dec);
+            else if (!strcmp(a, "-r")) bad = parse_long(a, v, 1, 100000, &reps);
+            else if (!strcmp(a, "-t")) bad = parse_long(a, v, 1, 1024, &threads);
+            else if (!strcmp(a, "--depth")) bad = parse_long(a, v, 0, 1l << 24, &depth);
+            else if (!strcmp(a, "--ctx")) bad = parse_long(a, v, 1, 1l << 24, &ctx_arg);
+            else if (!strcmp(a, "--membw-mb")) bad = parse_long(a, v, 1, 1l << 20, &membw_mb);
+            else if (!strcmp(a, "--ttft-p")) bad = parse_long(a, v, 1, 1l << 24, &ttft_p);
+            if (bad) return 2;
+        } else {
+            fail("unknown argument '%s' (see q3moe bench --help)", a);
+            return 2;
+        }
+    }
+    int plen[MAX_PROMPTS], np = 0;
+    if (parse_lengths("-p", plist, plen, &np)) return 2;
+    if (membw_flag && no_membw) return fail("--membw and --no-membw contradict each other");
+    if (!model_dir && !membw_flag) {
+        fail("need -m DIR (or --membw alone to measure only the machine)");
+        usage(stderr);
+        return 2;
+    }
+    if (json_path && !force && access(json_path, F_OK) == 0)
+        return fail("--json: %s already exists (use --force to overwrite)", json_path);
+    if (threads > 0) omp_set_num_threads((int)threads);
+
+    bench_results r;
+    memset(&r, 0, sizeof r);
+    bench_machine_info(&r.machine);
+    int need_tok = 0, ttft_ctx = 0;
+    if (model_dir) {
+        if (!q3_is_dir(model_dir)) return fail("-m: %s is not a directory", model_dir);
+        char *cp = q3_path_join(model_dir, "config.json");
+        int bad = !q3_file_exists(cp) ? q3_err("-m: %s has no config.json", model_dir) : q3_config_load(&r.cfg, cp);
+        free(cp);
+        if (bad) {
+            fail("%s", q3_errmsg());
+            return 1;
+        }
+        const int max_pos = r.cfg.max_position_embeddings;
+        if (!ttft_p) ttft_p = np ? plen[0] : 128;
+        if (no_ttft) ttft_p = 0;
+        int need = (int)(n_dec > 0 ? depth + n_dec : 0);
+        for (int i = 0; i < np; i++) need = plen[i] > need ? plen[i] : need;
+        if (need == 0) need = 1;
+        if (ctx_arg > max_pos) return fail("--ctx %ld exceeds the model's max_position_embeddings (%d)", ctx_arg, max_pos);
+        const long ctx = ctx_arg ? ctx_arg : max_pos;
+        const char *what = ctx_arg ? "the context size" : "the model's max_position_embeddings";
+        const char *hint = ctx_arg ? " (--ctx)" : "";
+        for (int i = 0; i < np; i++)
+            if (plen[i] > ctx) return fail("-p: prompt length %d exceeds %s %ld%s", plen[i], what, ctx, hint);
+        if (n_dec > 0 && depth + n_dec > ctx)
+            return fail("--depth %ld + -n %ld = %ld tokens exceed %s %ld%s", depth, n_dec, depth + n_dec, what, ctx, hint);
+        if (ttft_p > max_pos) return fail("--ttft-p: %ld exceeds the model's max_position_embeddings (%d)", ttft_p, max_pos);
+        r.ctx = ctx_arg ? (int)ctx_arg : need;
+        /* generate's default context is min(max_position_embeddings, 4096). */
+        int gen_ctx = max_pos < 4096 ? max_pos : 4096;
+        if (ctx_arg) ttft_ctx = (int)(ttft_p > ctx_arg ? ttft_p : ctx_arg);
+        else if (ttft_p > gen_ctx) ttft_ctx = (int)ttft_p;
+        need_tok = need > ttft_p ? need : (int)ttft_p;
+        r.has_model = 1;
+        r.dir = model_dir;
+        base_name(model_dir, r.name, sizeof r.name);
+    }
+    fprintf(stderr, "[bench] %s, %d threads\n", r.machine.cpu, r.machine.threads);
+    if (r.machine.loadavg > r.machine.cores - r.machine.threads + 0.5)
+        fprintf(stderr, "[bench] warning: load average %.2f on %d cores: other processes compete for the CPUs, timings will be noisy\n",
+                r.machine.loadavg, r.machine.cores);
+
+    int rc = 0;
+    int32_t *ids = NULL;
+    if (r.has_model) {
+        ids = q3_malloc((size_t)need_tok * sizeof *ids);
+        bench_fill_ids(ids, need_tok, r.cfg.vocab_size, 0x5eed);
+        /* TTFT first: the cold run needs the checkpoint unmapped here. */
+        if (ttft_p > 0) rc = bench_measure_ttft(model_dir, ids, (int)ttft_p, (int)threads, ttft_ctx, &r.ttft);
+        if (rc == 0) {
+            fprintf(stderr, "[bench] loading %s (ctx %d)\n", model_dir, r.ctx);
+            q3_session s;
+            rc = session_open(&s, model_dir, r.ctx, (int)threads, 0);
+            if (rc == 0) {
+                r.cfg = s.model.cfg;
+                rc = run_model(&r, &s, plen, np, n_dec, reps, depth, ids);
+                session_close(&s);
+            }
+        }
+    }
+    if (rc == 0) {
+        fprintf(stderr, "[bench] measuring the FMA peak\n");
+        bench_measure_fma(&r.fma);
+        if (!no_membw) {
+            fprintf(stderr, "[bench] measuring memory read bandwidth (%ld MiB buffer)\n", membw_mb);
+            rc = bench_measure_membw((size_t)membw_mb << 20, MEMBW_PASSES, &r.membw);
+        }
+    }
+    if (rc == 0) {
+        bench_print_table(stdout, &r);
+        fflush(stdout);
+        if (json_path) rc = bench_write_json(json_path, force, &r);
+    }
+    if (rc) fprintf(stderr, "q3moe bench: error: %s\n", q3_errmsg());
+    free(ids);
+    free(r.prefill);
+    return rc ? 1 : 0;
+}

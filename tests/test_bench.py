@@ -1,0 +1,217 @@
+"""`q3moe bench` on a tiny synthesized checkpoint.
+
+Checks that the JSON report has every field with sane values (positive times,
+ordered percentiles, consistent rates) and that the counted quantities (FLOPs
+per prefill, weight bytes per decode token) equal values computed here
+independently from config.json. No timing thresholds: the machine may be
+loaded.
+"""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+Q3MOE = os.environ.get("Q3MOE", str(REPO / "build" / "q3moe"))
+Q3MOE_ASAN = os.environ.get("Q3MOE_ASAN", str(REPO / "build" / "asan" / "q3moe"))
+
+PROMPTS = [16, 32]
+STEPS, REPS, DEPTH = 4, 2, 128  # DEPTH: the default
+BF16, F32 = 2, 4
+
+
+def run(cmd, ok=True, **kw):
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600, **kw)
+    if ok:
+        assert p.returncode == 0, f"{' '.join(map(str, cmd))} failed ({p.returncode}):\n{p.stderr}"
+    return p
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    if not os.access(Q3MOE, os.X_OK):
+        pytest.fail(f"no q3moe binary at {Q3MOE} (run make, or set Q3MOE)")
+    d = tmp_path_factory.mktemp("bench") / "tiny"
+    run([Q3MOE, "synth", "-o", d, "--preset", "tiny", "--layers", "2", "--vocab", "2048", "--tokenizer", "none"])
+    return d
+
+
+@pytest.fixture(scope="module")
+def report(model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_out") / "bench.json"
+    p = run([Q3MOE, "bench", "-m", model, "-p", ",".join(map(str, PROMPTS)), "-n", STEPS, "-r", REPS,
+             "--json", out, "--membw-mb", "64"])
+    return json.loads(out.read_text()), p.stdout, p.stderr, out
+
+
+def geometry(model):
+    c = json.loads((model / "config.json").read_text())
+    L, H, V = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
+    D = c.get("head_dim") or H // c["num_attention_heads"]
+    QD, KVD = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
+    E, K = c.get("num_experts", 0), c.get("num_experts_per_tok", 0)
+    mlp_only, step = set(c.get("mlp_only_layers") or []), c.get("decoder_sparse_step", 1)
+    sparse = [E > 0 and l not in mlp_only and (l + 1) % step == 0 for l in range(L)]
+    return c, L, H, V, D, QD, KVD, E, K, sparse
+
+
+def active_params(model):
+    c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
+    p = 0
+    for l in range(L):
+        p += QD * H + 2 * KVD * H + H * QD
+        p += E * H + K * 3 * c["moe_intermediate_size"] * H if sparse[l] else 3 * c["intermediate_size"] * H
+    return p
+
+
+def expected_prefill_flops(model, P):
+    c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
+    attn = 4 * D * c["num_attention_heads"] * P * (P + 1) / 2 * L
+    return 2 * active_params(model) * P + attn + 2 * V * H
+
+
+def expected_decode_bytes(model):
+    """Weight bytes one decode token reads: every matrix is stored bf16; the
+    norm vectors are read from their fp32 copies (widened at load)."""
+    c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
+    b = 0
+    for l in range(L):
+        b += BF16 * (QD * H + 2 * KVD * H + H * QD)           # q, k, v, o
+        b += F32 * (2 * H + 2 * D)                            # input/post-attn norms, q/k norms
+        if sparse[l]:
+            b += BF16 * E * H                                 # router
+            b += BF16 * K * 3 * c["moe_intermediate_size"] * H  # k distinct experts
+        else:
+            b += BF16 * 3 * c["intermediate_size"] * H
+    b += BF16 * V * H + F32 * H + BF16 * H                    # lm_head, final norm, one embedding row
+    return b
+
+
+def test_report_fields(report, model):
+    r, stdout, stderr, _ = report
+    c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
+    assert r["machine"]["cpu"] and r["machine"]["cores"] >= 1 and r["machine"]["threads"] >= 1
+    assert r["fma_peak"]["gflops"] > 0 and r["fma_peak"]["method"]
+    bw = r["membw"]
+    assert 0 < bw["median_gbs"] <= bw["best_gbs"]
+    assert 60 << 20 < bw["buffer_bytes"] <= 64 << 20 and bw["passes"] >= 1
+    m = r["model"]
+    assert m["layers"] == L and m["hidden_size"] == H and m["vocab_size"] == V and m["dtype"] == "BF16"
+    assert m["active_params_per_token"] == active_params(model)
+    assert r["ctx"] == max(PROMPTS + [DEPTH + STEPS])
+    assert r["peak_rss_bytes"] > 0
+
+
+def test_prefill(report, model):
+    r = report[0]
+    assert [p["tokens"] for p in r["prefill"]] == PROMPTS
+    for p in r["prefill"]:
+        assert p["reps"] == REPS
+        assert 0 < p["ms_min"] <= p["ms_median"] <= p["ms_max"]
+        assert p["tokens_per_s"] == pytest.approx(p["tokens"] * 1e3 / p["ms_median"], rel=1e-9)
+        assert p["flops"] == pytest.approx(expected_prefill_flops(model, p["tokens"]), rel=1e-12)
+        assert p["gflops"] == pytest.approx(p["flops"] / p["ms_median"] / 1e6, rel=1e-9)
+        assert p["pct_fma_peak"] == pytest.approx(100 * p["gflops"] / r["fma_peak"]["gflops"], rel=1e-9)
+
+
+def test_decode(report, model):
+    r = report[0]
+    c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
+    d = r["decode"]
+    assert (d["depth"], d["steps"], d["reps"]) == (DEPTH, STEPS, REPS)
+    assert 0 < d["ms_p50"] <= d["ms_p90"] <= d["ms_p99"]
+    assert d["tokens_per_s"] == pytest.approx(1e3 / d["ms_p50"], rel=1e-9)
+    assert d["expert_reads_per_token"] == K * sum(sparse)
+    assert d["weight_bytes_per_token"] == expected_decode_bytes(model)
+    assert d["fixed_bytes_per_token"] + d["expert_bytes_per_token"] == d["weight_bytes_per_token"]
+    assert d["gbs"] == pytest.approx(d["weight_bytes_per_token"] / d["ms_p50"] / 1e6, rel=1e-9)
+    assert d["pct_membw"] == pytest.approx(100 * d["gbs"] / r["membw"]["best_gbs"], rel=1e-9)
+    # mean K/V cache read over positions DEPTH .. DEPTH+STEPS-1 (fp32 cache)
+    kv = sum(2 * L * (DEPTH + i + 1) * KVD * F32 for i in range(STEPS)) / STEPS
+    assert d["kv_bytes_per_token"] == pytest.approx(kv, rel=1e-12)
+
+
+def test_ttft(report):
+    r = report[0]
+    t = r["ttft"]
+    assert t["prompt_tokens"] == PROMPTS[0]
+    assert 0 < t["cold_ms"] <= t["cold_exit_ms"] and 0 < t["warm_ms"] <= t["warm_exit_ms"]
+    assert t["cold_peak_rss_bytes"] > 0 and t["warm_peak_rss_bytes"] > 0
+    assert t["evicted_files"] >= 2 and t["evicted_bytes"] > 0  # config.json + model.safetensors
+    assert 0 <= t["resident_fraction_after_evict"] <= 1
+    assert "fadvise" in t["cold_method"]
+
+
+def test_table_and_progress(report):
+    _, stdout, stderr, _ = report
+    for word in ["prefill", "decode", "p50 ms", "GB/s", "% membw", "FMA peak", "mem read", "time to first token",
+                 "posix_fadvise", "peak RSS", "after a 128-token prefill"]:
+        assert word in stdout, word
+    assert "[bench]" in stderr and "[bench]" not in stdout
+
+
+def test_refuses_overwrite(report, model):
+    _, _, _, out = report
+    before = out.read_text()
+    p = run([Q3MOE, "bench", "-m", model, "-p", "8", "-n", "1", "-r", "1", "--json", out, "--no-membw",
+             "--no-ttft"], ok=False)
+    assert p.returncode != 0
+    assert "q3moe bench: error:" in p.stderr and "already exists" in p.stderr
+    assert out.read_text() == before
+    p = run([Q3MOE, "bench", "-m", model, "-p", "8", "-n", "1", "-r", "1", "--json", out, "--no-membw",
+             "--no-ttft", "--force"])
+    r = json.loads(out.read_text())
+    assert r["membw"] is None and r["ttft"] is None and r["decode"]["pct_membw"] is None
+    assert [p["tokens"] for p in r["prefill"]] == [8]
+
+
+def test_membw_only(tmp_path):
+    out = tmp_path / "m.json"
+    run([Q3MOE, "bench", "--membw", "--membw-mb", "16", "-t", "1", "--json", out])
+    r = json.loads(out.read_text())
+    assert r["machine"]["threads"] == 1 and r["membw"]["best_gbs"] > 0 and r["fma_peak"]["gflops"] > 0
+    assert "model" not in r and "prefill" not in r
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-p", "100", "--ctx", "64"], "-p"),
+    (["-p", "16", "--ctx", "64", "--depth", "60", "-n", "8"], "--depth"),
+    (["-p", "16,x"], "-p"),
+    (["-p", "0,16"], "-p"),
+    (["-r", "0"], "-r"),
+    (["-n", "-1"], "-n"),
+    (["--ctx", "100000000"], "--ctx"),
+    (["--bogus"], "--bogus"),
+    (["--membw", "--no-membw"], "--membw"),
+])
+def test_bad_input(model, args, needle):
+    p = run([Q3MOE, "bench", "-m", model] + args, ok=False)
+    assert p.returncode != 0
+    assert "q3moe bench: error:" in p.stderr and needle in p.stderr
+    assert p.stdout == ""
+
+
+def test_bad_model_dir(tmp_path):
+    p = run([Q3MOE, "bench", "-m", tmp_path / "nope"], ok=False)
+    assert p.returncode != 0 and "q3moe bench: error:" in p.stderr
+    p = run([Q3MOE, "bench"], ok=False)
+    assert p.returncode != 0 and "-m" in p.stderr
+
+
+def test_help():
+    p = run([Q3MOE, "bench", "--help"])
+    assert "usage: q3moe bench" in p.stdout and "--membw-mb" in p.stdout
+
+
+def test_asan_smoke(model, tmp_path):
+    """The whole bench once under ASan + UBSan (leaks included)."""
+    if not os.access(Q3MOE_ASAN, os.X_OK):
+        pytest.skip(f"no ASan build at {Q3MOE_ASAN}")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    out = tmp_path / "a.json"
+    p = run([Q3MOE_ASAN, "bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "--depth", "4", "--membw-mb", "8",
+             "--json", out], env=env)
+    assert "runtime error" not in p.stderr
+    assert json.loads(out.read_text())["decode"]["weight_bytes_per_token"] == expected_decode_bytes(model)
