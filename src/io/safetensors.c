@@ -256,8 +256,18 @@ int q3_st_open_dir(q3_st_archive *a, const char *dir) {
     free(index);
     free(single);
     if (rc == 0) rc = build_table(a);
-    if (rc) q3_st_close(a);
-    return rc;
+    if (rc) {
+        q3_st_close(a);
+        return rc;
+    }
+    /* A checkpoint that fits comfortably in memory is mapped in full up
+     * front: decode then never stalls on a page fault when it first touches
+     * an expert. Larger ones are left to demand paging. */
+    size_t total = 0;
+    for (int i = 0; i < a->n_files; i++) total += a->files[i].size;
+    if (total < q3_mem_available() / 2)
+        for (int i = 0; i < a->n_files; i++) q3_prefault(&a->files[i]);
+    return 0;
 }
 
 void q3_st_close(q3_st_archive *a) {

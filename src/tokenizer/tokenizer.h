@@ -41,12 +41,20 @@ typedef struct {
 } q3_utf8_stream;
 
 void q3_utf8_stream_init(q3_utf8_stream *s);
-/* Appends printable output to out (capacity cap, NUL-terminated); returns bytes written. */
+/* Appends printable output to out (capacity cap, NUL-terminated); returns bytes written.
+ * Output is at most 3 * n + 4 bytes (a bad byte becomes the 3-byte U+FFFD);
+ * whole characters that do not fit in cap are dropped. */
 size_t q3_utf8_stream_feed(q3_utf8_stream *s, const char *bytes, size_t n, char *out, size_t cap);
 size_t q3_utf8_stream_flush(q3_utf8_stream *s, char *out, size_t cap);
 
 /* Decode a whole id sequence into a heap string (invalid byte sequences
  * become U+FFFD, as HF's decode does). */
 char *q3_tok_decode(const q3_tokenizer *t, const int32_t *ids, size_t n, size_t *len_out);
+
+/* The GPT-2 byte-to-unicode table behind byte-level BPE: every byte maps to
+ * one printable code point (printable Latin-1 bytes to themselves, the rest
+ * to U+0100 upwards). q3_unicode_to_byte inverts it, -1 if cp is not in it. */
+uint32_t q3_byte_to_unicode(unsigned char b);
+int q3_unicode_to_byte(uint32_t cp);
 
 #endif

@@ -46,6 +46,27 @@ void q3_unmap_file(q3_mapped_file *f) {
     memset(f, 0, sizeof *f);
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+void q3_prefault(const q3_mapped_file *f) {
+    if (!f->data || !f->size) return;
+    if (madvise((void *)f->data, f->size, MADV_POPULATE_READ) != 0) /* kernels before 5.14 */
+        (void)madvise((void *)f->data, f->size, MADV_WILLNEED);
+}
+
+size_t q3_mem_available(void) {
+    FILE *fp = fopen("/proc/meminfo", "r");
+    if (!fp) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, fp))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    fclose(fp);
+    return kb * 1024;
+}
+
 char *q3_read_file(const char *path, size_t *len_out) {
     FILE *fp = fopen(path, "rb");
     if (!fp) {

@@ -13,6 +13,11 @@ typedef struct {
 /* mmap a whole file read-only. On failure returns -1 with q3_err set. */
 int q3_map_file(q3_mapped_file *f, const char *path);
 void q3_unmap_file(q3_mapped_file *f);
+/* Map every page of the file now (from the page cache, reading what is
+ * missing) so that later accesses take no page faults. Best effort. */
+void q3_prefault(const q3_mapped_file *f);
+/* Bytes of memory the kernel reports as available (MemAvailable), or 0. */
+size_t q3_mem_available(void);
 
 /* Read a whole (small) file into a NUL-terminated heap buffer. */
 char *q3_read_file(const char *path, size_t *len_out);
