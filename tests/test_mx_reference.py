@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import mx_ref  # noqa: E402
 
-MXFP8, MXFP4 = 0, 1
+MXFP8, MXFP4 = 3, 4  # q3_dtype values (src/kernels/dtype.h)
 FMT = {MXFP8: ("mxfp8", mx_ref.E4M3), MXFP4: ("mxfp4", mx_ref.E2M1)}
 
 

@@ -47,14 +47,16 @@ void bench_checkpoint_size(const q3_model *m, double *params, double *bytes, con
     *dtype = "none";
     for (int i = 0; i < m->st.n_tensors; i++) {
         const q3_st_tensor *t = &m->st.tensors[i];
-        *bytes += (double)t->nbytes;
-        *params += (double)t->nbytes / (double)q3_dtype_size(t->dtype);
+        double numel = 1;
+        for (int d = 0; d < t->ndim; d++) numel *= (double)t->shape[d];
+        *bytes += (double)t->nbytes + (t->scales ? numel / 32 : 0);
+        *params += numel;
         if (i == 0) *dtype = q3_dtype_name(t->dtype);
         else if (strcmp(*dtype, q3_dtype_name(t->dtype))) *dtype = "mixed";
     }
 }
 
-static double mat_bytes(const q3_mat *w) { return (double)w->rows * w->cols * (double)q3_dtype_size(w->dtype); }
+static double mat_bytes(const q3_mat *w) { return (double)q3_mat_bytes(w); }
 
 double bench_decode_fixed_bytes(const q3_model *m) {
     const q3_config *c = &m->cfg;

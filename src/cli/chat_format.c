@@ -15,8 +15,14 @@ char *chat_format_turn(const char *system, const char *user, int think) {
     return p;
 }
 
+static const char *last_of(const char *s, const char *word) {
+    const char *last = NULL;
+    for (const char *p = strstr(s, word); p; p = strstr(p + 1, word)) last = p;
+    return last;
+}
+
 int chat_wants_think(const char *user, int dflt) {
-    const char *no = strstr(user, "/no_think"), *yes = strstr(user, "/think");
+    const char *no = last_of(user, "/no_think"), *yes = last_of(user, "/think");
     if (no && yes) return no > yes ? 0 : 1; /* the last switch wins */
     if (no) return 0;
     if (yes) return 1;

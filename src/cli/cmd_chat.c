@@ -81,6 +81,9 @@ int cmd_chat(int argc, char **argv) {
     }
     const int interactive = isatty(STDIN_FILENO);
     int turns = 0, rc = 0;
+    /* The last answer's final token when the answer did not end with an end
+     * token (-n reached): sampled and printed but not yet in the cache. */
+    int32_t unfed = -1;
     for (;;) {
         if (interactive) {
             fputs("\n> ", stdout);
@@ -95,6 +98,7 @@ int cmd_chat(int argc, char **argv) {
             if (*line) {
                 q3_state_reset(&s.state);
                 turns = 0;
+                unfed = -1;
                 fprintf(stderr, "[q3moe] conversation cleared\n");
             }
             free(line);
@@ -109,15 +113,23 @@ int cmd_chat(int argc, char **argv) {
         gen_stats st;
         gen_options o = {.max_new = (int)n_new, .out = stdout};
         int r = session_encode(&s, text, &ids, &n);
+        if (r == 0 && turns && unfed >= 0) {
+            ids = q3_realloc(ids, (n + 1) * sizeof *ids);
+            memmove(ids + 1, ids, n * sizeof *ids);
+            ids[0] = unfed;
+            n++;
+        }
         if (r == 0) r = gen_run(&s, smp, ids, n, &o, &st);
         if (r) {
             q3_print_error();
             fprintf(stderr, "[q3moe] conversation cleared\n");
             q3_state_reset(&s.state);
             turns = 0;
+            unfed = -1;
             rc = 1;
         } else {
             turns++;
+            unfed = st.hit_eos ? -1 : st.last_token;
             fputc('\n', stdout);
             fflush(stdout);
             gen_print_stats(&st);
@@ -125,6 +137,7 @@ int cmd_chat(int argc, char **argv) {
                 fprintf(stderr, "[q3moe] context full: conversation cleared\n");
                 q3_state_reset(&s.state);
                 turns = 0;
+                unfed = -1;
             }
         }
         free(ids);

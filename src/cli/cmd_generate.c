@@ -92,7 +92,7 @@ int cmd_generate(int argc, char **argv) {
     }
     int rc = 0;
     if (!ids) {
-        text = chat ? chat_format_turn(system, prompt, !no_think) : q3_strdup(prompt);
+        text = chat ? chat_format_turn(system, prompt, chat_wants_think(prompt, !no_think)) : q3_strdup(prompt);
         rc = session_encode(&s, text, &ids, &n_ids);
         if (rc) q3_err_prefix("prompt");
     }

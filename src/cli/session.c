@@ -95,13 +95,15 @@ static void acc_add(text_acc *a, const char *p, size_t n) {
 /* Returns 1 when a stop string was found (text up to it is printed). */
 static int acc_flush(text_acc *a, const gen_options *o, int final) {
     size_t safe = a->len;
+    const char *first = NULL; /* the earliest match of any stop string */
     for (int i = 0; i < o->n_stops; i++) {
         const char *hit = strstr(a->buf + a->printed, o->stops[i]);
-        if (hit) {
-            fwrite(a->buf + a->printed, 1, (size_t)(hit - (a->buf + a->printed)), o->out);
-            a->printed = a->len;
-            return 1;
-        }
+        if (hit && (!first || hit < first)) first = hit;
+    }
+    if (first) {
+        fwrite(a->buf + a->printed, 1, (size_t)(first - (a->buf + a->printed)), o->out);
+        a->printed = a->len;
+        return 1;
     }
     if (!final)
         for (int i = 0; i < o->n_stops; i++) {

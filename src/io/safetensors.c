@@ -11,10 +11,13 @@ const char *q3_dtype_name(q3_dtype t) {
     case Q3_F32: return "F32";
     case Q3_F16: return "F16";
     case Q3_BF16: return "BF16";
+    case Q3_MXFP8: return "MXFP8";
+    case Q3_MXFP4: return "MXFP4";
     }
     return "?";
 }
 
+/* Bytes per element of the plain dtypes (MX sizes: q3_mat_bytes). */
 size_t q3_dtype_size(q3_dtype t) { return t == Q3_F32 ? 4 : 2; }
 
 static int parse_dtype(const char *s, q3_dtype *out) {
@@ -265,7 +268,7 @@ int q3_st_open_dir(q3_st_archive *a, const char *dir) {
      * an expert. Larger ones are left to demand paging. */
     size_t total = 0;
     for (int i = 0; i < a->n_files; i++) total += a->files[i].size;
-    if (total < q3_mem_available() / 2)
+    if (total < q3_mem_available() / 4 * 3)
         for (int i = 0; i < a->n_files; i++) q3_prefault(&a->files[i]);
     return 0;
 }

@@ -22,7 +22,8 @@ typedef struct {
     int ndim;
     int64_t shape[Q3_MAX_DIMS];
     const void *data;
-    size_t nbytes;
+    size_t nbytes;       /* bytes at data (elements only for MX dtypes) */
+    const uint8_t *scales; /* MX dtypes: E8M0 scales, shape[last]/32 per row */
     int file;            /* index into archive files */
 } q3_st_tensor;
 

@@ -7,7 +7,12 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { Q3_F32 = 0, Q3_F16 = 1, Q3_BF16 = 2 } q3_dtype;
+/* MXFP8 / MXFP4 are OCP Microscaling block formats (src/quant/mx.h): the
+ * elements (E4M3 bytes, or E2M1 nibbles two per byte, element 2i in the low
+ * nibble) plus one E8M0 scale byte per 32 consecutive elements of a row. */
+typedef enum { Q3_F32 = 0, Q3_F16 = 1, Q3_BF16 = 2, Q3_MXFP8 = 3, Q3_MXFP4 = 4 } q3_dtype;
+
+static inline int q3_dtype_is_mx(q3_dtype t) { return t == Q3_MXFP8 || t == Q3_MXFP4; }
 
 static inline float q3_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -40,7 +45,8 @@ static inline uint16_t q3_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* Convert n elements starting at element `off` of a typed array to fp32. */
+/* Convert n elements starting at element `off` of a typed array to fp32
+ * (plain dtypes only: MX rows need their scales, see q3_mat_row_f32). */
 void q3_to_f32(float *dst, const void *src, q3_dtype t, size_t off, size_t n);
 
 #endif

@@ -2,21 +2,19 @@
  * against, and the fallback on CPUs without AVX2. */
 #include "kernels/isa.h"
 
-static float elem(const q3_mat *W, int r, int k) {
-    size_t rs = W->rs ? W->rs : (size_t)W->cols, cs = W->cs ? W->cs : 1;
-    float v;
-    q3_to_f32(&v, W->data, W->dtype, (size_t)r * rs + (size_t)k * cs, 1);
-    return v;
-}
-
 static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
+    enum { CHUNK = 256 };
+    float w[CHUNK];
     for (int r = r0; r < r1; r++) {
-        float acc[8] = {0};
-        int k = 0;
-        for (; k + 8 <= W->cols; k += 8)
-            for (int j = 0; j < 8; j++) acc[j] += x[k + j] * elem(W, r, k + j);
-        float s = 0;
-        for (; k < W->cols; k++) s += x[k] * elem(W, r, k);
+        float acc[8] = {0}, s = 0;
+        for (int c0 = 0; c0 < W->cols; c0 += CHUNK) {
+            const int n = W->cols - c0 < CHUNK ? W->cols - c0 : CHUNK;
+            q3_mat_row_f32(W, r, c0, n, w);
+            int k = 0;
+            for (; k + 8 <= n; k += 8)
+                for (int j = 0; j < 8; j++) acc[j] += x[c0 + k + j] * w[k + j];
+            for (; k < n; k++) s += x[c0 + k] * w[k];
+        }
         out[r - r0] = s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     }
 }

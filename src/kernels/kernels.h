@@ -11,6 +11,7 @@
 #define Q3_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/dtype.h"
 
@@ -23,7 +24,15 @@ typedef struct {
     q3_dtype dtype;
     int rows, cols;
     size_t rs, cs;
+    /* MX dtypes: E8M0 scales, cols/32 per row, rows contiguous (rs = cols,
+     * cs = 1 only); data holds the elements. */
+    const uint8_t *scales;
 } q3_mat;
+
+/* Bytes of weight data (elements + scales) the matrix occupies. */
+size_t q3_mat_bytes(const q3_mat *W);
+/* W[r, k0 .. k0+n) widened to fp32 (any dtype, any stride). */
+void q3_mat_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);
 
 typedef enum { Q3_ISA_SCALAR = 0, Q3_ISA_AVX2 = 1, Q3_ISA_AVX512 = 2 } q3_isa;
 

@@ -56,21 +56,16 @@ q3_isa q3_kernels_isa(void) {
     return g_isa;
 }
 
-static inline size_t rs_of(const q3_mat *W) { return W->rs ? W->rs : (size_t)W->cols; }
 static inline size_t cs_of(const q3_mat *W) { return W->cs ? W->cs : 1; }
 
 void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
-    const size_t rs = rs_of(W), cs = cs_of(W);
     float row[Q3_KC];
     for (int j = 0; j < Q3_NR; j++) {
         if (j >= nr) {
             for (int k = 0; k < kc; k++) Bp[k * Q3_NR + j] = 0;
             continue;
         }
-        size_t base = (size_t)(r0 + j) * rs + (size_t)k0 * cs;
-        if (cs == 1) q3_to_f32(row, W->data, W->dtype, base, (size_t)kc);
-        else
-            for (int k = 0; k < kc; k++) q3_to_f32(row + k, W->data, W->dtype, base + (size_t)k * cs, 1);
+        q3_mat_row_f32(W, r0 + j, k0, kc, row);
         for (int k = 0; k < kc; k++) Bp[k * Q3_NR + j] = row[k];
     }
 }

@@ -3,9 +3,14 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+#include "quant/mx.h"
 
 void q3_to_f32(float *dst, const void *src, q3_dtype t, size_t off, size_t n) {
     switch (t) {
+    case Q3_MXFP8:
+    case Q3_MXFP4: abort(); /* needs scales: q3_mat_row_f32 */
     case Q3_F32: memcpy(dst, (const float *)src + off, n * sizeof(float)); break;
     case Q3_BF16: {
         const uint16_t *s = (const uint16_t *)src + off;
@@ -49,5 +54,35 @@ void q3_rope(float *v, const float *cos_t, const float *sin_t, int d) {
         float a = v[i], b = v[i + h];
         v[i] = a * cos_t[i] - b * sin_t[i];
         v[i + h] = b * cos_t[i] + a * sin_t[i];
+    }
+}
+
+size_t q3_mat_bytes(const q3_mat *W) {
+    size_t n = (size_t)W->rows * (size_t)W->cols;
+    switch (W->dtype) {
+    case Q3_F32: return n * 4;
+    case Q3_F16:
+    case Q3_BF16: return n * 2;
+    case Q3_MXFP8: return n + n / Q3_MX_BLOCK;
+    case Q3_MXFP4: return n / 2 + n / Q3_MX_BLOCK;
+    }
+    return 0;
+}
+
+void q3_mat_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
+    const size_t rs = W->rs ? W->rs : (size_t)W->cols, cs = W->cs ? W->cs : 1;
+    const size_t base = (size_t)r * rs + (size_t)k0 * cs;
+    if (!q3_dtype_is_mx(W->dtype)) {
+        if (cs == 1) q3_to_f32(dst, W->data, W->dtype, base, (size_t)n);
+        else
+            for (int k = 0; k < n; k++) q3_to_f32(dst + k, W->data, W->dtype, base + (size_t)k * cs, 1);
+        return;
+    }
+    const uint8_t *el = W->data, *sc = W->scales + (size_t)r * (W->cols / Q3_MX_BLOCK);
+    for (int k = 0; k < n; k++) {
+        size_t i = base + (size_t)k;
+        int col = k0 + k;
+        float e = W->dtype == Q3_MXFP8 ? q3_e4m3_lut[el[i]] : q3_e2m1_lut[(el[i / 2] >> ((i & 1) * 4)) & 15];
+        dst[k] = e * q3_e8m0_to_f32(sc[col / Q3_MX_BLOCK]);
     }
 }

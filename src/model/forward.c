@@ -21,7 +21,8 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
     if (ctx <= 0) ctx = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
     if (ctx > c->max_position_embeddings)
         return q3_err("--ctx %d exceeds the model's max_position_embeddings (%d)", ctx, c->max_position_embeddings);
-    if (max_batch <= 0) max_batch = 256;
+    /* Long chunks let each expert see many tokens, amortising its weight reads. */
+    if (max_batch <= 0) max_batch = 1024;
     if (max_batch > ctx) max_batch = ctx;
     s->ctx = ctx;
     s->max_batch = max_batch;

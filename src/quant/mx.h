@@ -20,9 +20,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/dtype.h"
+
 #define Q3_MX_BLOCK 32
 
-typedef enum { Q3_MXFP8 = 0, Q3_MXFP4 = 1 } q3_mx_type;
+/* Q3_MXFP8 / Q3_MXFP4, the MX members of q3_dtype. */
+typedef q3_dtype q3_mx_type;
 
 /* ---- Scalar element codecs (src/quant/minifloat.c) ---- */
 
