@@ -3,6 +3,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "kernels/isa.h"
@@ -53,7 +55,75 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
     }
 }
 
+/* ---- MX weights: elements decoded arithmetically, one scale per 32. ---- */
+
+/* 2^(code-127) times the factor the element decoders leave out. */
+static float g_fp8_scale[256], g_fp4_scale[256];
+static pthread_once_t g_mx_once = PTHREAD_ONCE_INIT;
+
+static void mx_tables(void) {
+    for (int c = 0; c < 256; c++) {
+        g_fp8_scale[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 + 120); /* e4m3x8 returns value * 2^-120 */
+        g_fp4_scale[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 - 1);   /* e2m1 codes decode to 2 * value */
+    }
+}
+
+/* Eight E4M3 codes -> value * 2^-120: the 7 magnitude bits moved to the top
+ * of an fp32 exponent/mantissa give exactly that, subnormals included. */
+INLINE __m256 e4m3x8(const uint8_t *p) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i mag = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7f)), 20);
+    __m256i sgn = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_castsi256_ps(_mm256_or_si256(mag, sgn));
+}
+
+/* 32 E2M1 codes (16 bytes, element 2i in the low nibble) -> 2 * value as int8. */
+INLINE void e2m1x32(const uint8_t *p, __m256 out[4]) {
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m4));
+    __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8)));
+}
+
+static void gemv_mx(float *out, const float *x, const q3_mat *W, int r0, int r1) {
+    pthread_once(&g_mx_once, mx_tables);
+    const int K = W->cols, nb = K / 32;
+    const int fp4 = W->dtype == Q3_MXFP4;
+    const float *stab = fp4 ? g_fp4_scale : g_fp8_scale;
+    const size_t row_bytes = fp4 ? (size_t)K / 2 : (size_t)K;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *el = (const uint8_t *)W->data + (size_t)r * row_bytes, *sc = W->scales + (size_t)r * nb;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + b * 32;
+            __m256 e[4];
+            if (fp4) e2m1x32(el + b * 16, e);
+            else {
+                const uint8_t *p = el + b * 32;
+                e[0] = e4m3x8(p), e[1] = e4m3x8(p + 8), e[2] = e4m3x8(p + 16), e[3] = e4m3x8(p + 24);
+            }
+            __m256 s0 = _mm256_mul_ps(e[0], _mm256_loadu_ps(xb)), s1 = _mm256_mul_ps(e[1], _mm256_loadu_ps(xb + 8));
+            s0 = _mm256_fmadd_ps(e[2], _mm256_loadu_ps(xb + 16), s0);
+            s1 = _mm256_fmadd_ps(e[3], _mm256_loadu_ps(xb + 24), s1);
+            const __m256 scale = _mm256_set1_ps(stab[sc[b]]);
+            if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), scale, acc1);
+            else acc0 = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), scale, acc0);
+        }
+        out[r - r0] = hsum(_mm256_add_ps(acc0, acc1));
+    }
+}
+
 static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
+    if (q3_dtype_is_mx(W->dtype) && W->cs <= 1 && W->cols % 32 == 0) {
+        gemv_mx(out, x, W, r0, r1);
+        return;
+    }
     if (W->cs > 1 || q3_dtype_is_mx(W->dtype)) {
         q3_kernels_scalar.gemv(out, x, W, r0, r1);
         return;

@@ -11,6 +11,7 @@
 
 #include "kernels/attention.h"
 #include "model/moe.h"
+#include "quant/mx.h"
 #include "util/error.h"
 
 #define FALLOC(n) ((float *)q3_calloc((size_t)(n), sizeof(float)))
@@ -86,11 +87,20 @@ void q3_state_free(q3_state *s) {
 
 void q3_state_reset(q3_state *s) { s->pos = 0; }
 
+/* A8: the input rows of an MX linear are quantized to MXFP8 in place (the
+ * dequantized values, so the fp32 kernels then compute exactly the
+ * MXFP8 x MX products). A row holding NaN/Inf is left as it is. */
+void q3_act_quant(const q3_model *m, const q3_mat *W, float *x, int rows, size_t ld) {
+    if (!m->scheme.act_mxfp8 || !q3_dtype_is_mx(W->dtype)) return;
+    for (int r = 0; r < rows; r++) (void)q3_mx_fake_quant_row(Q3_MXFP8, x + (size_t)r * ld, (size_t)W->cols, x + (size_t)r * ld);
+}
+
 static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int T) {
     const q3_config *c = &m->cfg;
     const q3_layer *L = &m->layers[l];
     const int H = c->hidden_size, D = c->head_dim, KVD = c->num_kv_heads * D, QD = c->num_heads * D;
     for (int t = 0; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, c->rms_norm_eps);
+    q3_act_quant(m, &L->wq, s->xn, T, (size_t)H);
     /* Merged QKV: one parallel pass over the rows of all three projections. */
     const q3_mm_job qkv[3] = {{s->q, (size_t)QD, s->xn, (size_t)H, T, &L->wq},
                               {s->k, (size_t)KVD, s->xn, (size_t)H, T, &L->wk},
@@ -115,16 +125,20 @@ static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int
     const q3_attn_layer al = {c->num_heads, c->num_kv_heads, D, (size_t)KVD, s->k_cache + (size_t)l * s->ctx * KVD,
                               s->v_cache + (size_t)l * s->ctx * KVD};
     q3_attention(s->att, s->q, T, pos0, &al, s->scores);
+    q3_act_quant(m, &L->wo, s->att, T, (size_t)QD);
     q3_matmul(s->proj, s->att, T, &L->wo);
     for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];
 }
 
-static void dense_mlp(const q3_config *c, const q3_layer *L, q3_state *s, int T) {
+static void dense_mlp(const q3_model *m, const q3_layer *L, q3_state *s, int T) {
+    const q3_config *c = &m->cfg;
     const int H = c->hidden_size, F = c->intermediate_size;
+    q3_act_quant(m, &L->ffn_gate, s->xn, T, (size_t)H);
     const q3_mm_job w13[2] = {{s->ffn_gate, (size_t)F, s->xn, (size_t)H, T, &L->ffn_gate},
                               {s->ffn_up, (size_t)F, s->xn, (size_t)H, T, &L->ffn_up}};
     q3_matmul_jobs(w13, 2);
     q3_swiglu(s->ffn_gate, s->ffn_gate, s->ffn_up, T * F);
+    q3_act_quant(m, &L->ffn_down, s->ffn_gate, T, (size_t)F);
     q3_matmul(s->proj, s->ffn_gate, T, &L->ffn_down);
     for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];
 }
@@ -134,8 +148,8 @@ static void mlp_block(const q3_model *m, q3_state *s, int l, int T) {
     const q3_layer *L = &m->layers[l];
     const int H = c->hidden_size;
     for (int t = 0; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->mlp_norm, H, c->rms_norm_eps);
-    if (L->sparse) q3_moe_forward(c, L, s, T, l);
-    else dense_mlp(c, L, s, T);
+    if (L->sparse) q3_moe_forward(m, L, s, T, l);
+    else dense_mlp(m, L, s, T);
 }
 
 /* One chunk of at most max_batch tokens. */

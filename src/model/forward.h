@@ -45,4 +45,8 @@ void q3_state_reset(q3_state *s);
  * vocab, context exhausted) leave the state unchanged. */
 int q3_forward(const q3_model *m, q3_state *s, const int32_t *ids, int n, float *logits, int all_rows);
 
+/* Quantize `rows` input rows of linear W to MXFP8 in place when the model
+ * runs with MX activations and W is an MX matrix (no-op otherwise). */
+void q3_act_quant(const q3_model *m, const q3_mat *W, float *x, int rows, size_t ld);
+
 #endif

@@ -7,6 +7,7 @@
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
+#include "quant/scheme.h"
 
 typedef struct {
     q3_mat wq, wk, wv, wo;
@@ -25,6 +26,9 @@ typedef struct {
     float *final_norm;
     q3_layer *layers;
     char *dir;
+    /* How the weights are stored and whether MX linears quantize their
+     * inputs ({BF16, BF16, 0} for a Hugging Face directory). */
+    q3_quant_scheme scheme;
 } q3_model;
 
 /* Load config.json and the safetensors of checkpoint directory `dir`,

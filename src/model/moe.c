@@ -48,7 +48,8 @@ static void init_routing(const q3_config *c, q3_state *s, int T) {
     }
 }
 
-void q3_moe_forward(const q3_config *c, const q3_layer *L, q3_state *s, int T, int layer) {
+void q3_moe_forward(const q3_model *m, const q3_layer *L, q3_state *s, int T, int layer) {
+    const q3_config *c = &m->cfg;
     const int E = c->num_experts, K = c->num_experts_per_tok, H = c->hidden_size, F = c->moe_intermediate_size;
     gating(c, L, s, T);
     init_routing(c, s, T);
@@ -59,6 +60,8 @@ void q3_moe_forward(const q3_config *c, const q3_layer *L, q3_state *s, int T, i
     q3_mm_job *jobs = s->moe_jobs;
     int nj = 0;
     for (int p = 0; p < T * K; p++) memcpy(s->xg + (size_t)p * H, s->xn + (size_t)(s->perm[p] / K) * H, (size_t)H * sizeof(float));
+    /* The router read xn in fp32; only the experts' copies are quantized. */
+    q3_act_quant(m, &L->gate[0], s->xg, T * K, (size_t)H);
     for (int e = 0; e < E; e++) {
         const int n = s->expert_count[e], off = s->expert_offset[e];
         if (!n) continue;
@@ -67,6 +70,7 @@ void q3_moe_forward(const q3_config *c, const q3_layer *L, q3_state *s, int T, i
     }
     q3_matmul_jobs(jobs, nj);
     q3_swiglu(s->h_gate, s->h_gate, s->h_up, T * K * F);
+    q3_act_quant(m, &L->down[0], s->h_gate, T * K, (size_t)F);
     nj = 0;
     for (int e = 0; e < E; e++) {
         const int n = s->expert_count[e], off = s->expert_offset[e];

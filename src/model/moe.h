@@ -10,6 +10,6 @@
 /* Pick the top-k of probs[n] (ties: lower index first) into id/w. */
 void q3_topk(const float *probs, int n, int k, int32_t *id, float *w);
 /* Adds the MoE output for the T normed rows in s->xn into s->x. */
-void q3_moe_forward(const q3_config *c, const q3_layer *L, q3_state *s, int T, int layer);
+void q3_moe_forward(const q3_model *m, const q3_layer *L, q3_state *s, int T, int layer);
 
 #endif

@@ -5,6 +5,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
+#include "quant/mx.h"
 #include "unit.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -83,6 +84,51 @@ static void test_matmul(void) {
         check_matmul(Q3_BF16, 40, 300, 512); /* big enough to run multi-threaded */
     }
     q3_kernels_force(Q3_ISA_AVX512);
+}
+
+/* MX weights (both element formats, tiny and zero blocks included) against
+ * a double-precision product with the dequantized rows, for the GEMV (one
+ * token) and packed GEMM paths of every ISA. */
+static void check_mx(q3_dtype dt, int T, int M, int K) {
+    const size_t eb = dt == Q3_MXFP8 ? (size_t)K : (size_t)K / 2;
+    uint8_t *el = malloc((size_t)M * eb), *sc = malloc((size_t)M * K / 32);
+    float *row = malloc((size_t)K * sizeof(float)), *wf = malloc((size_t)M * K * sizeof(float));
+    float *x = malloc((size_t)T * K * sizeof(float)), *out = malloc((size_t)T * M * sizeof(float));
+    for (int r = 0; r < M; r++) {
+        for (int k = 0; k < K; k++) row[k] = frand() * (r % 5 == 0 ? 1e-38f : r % 7 == 0 ? 0.0f : 3.0f);
+        CHECK(q3_mx_quantize_row(dt, row, (size_t)K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
+        q3_mx_dequantize_row(dt, sc + (size_t)r * K / 32, el + (size_t)r * eb, (size_t)K, wf + (size_t)r * K);
+    }
+    for (int i = 0; i < T * K; i++) x[i] = frand();
+    q3_mat W = {.data = el, .dtype = dt, .rows = M, .cols = K, .scales = sc};
+    for (int isa = Q3_ISA_SCALAR; isa <= Q3_ISA_AVX512; isa++) {
+        q3_kernels_force((q3_isa)isa);
+        if ((int)q3_kernels_isa() != isa) continue;
+        q3_matmul(out, x, T, &W);
+        double worst = 0;
+        for (int t = 0; t < T; t++)
+            for (int m = 0; m < M; m++) {
+                double ref = 0, mag = 0;
+                for (int k = 0; k < K; k++) {
+                    ref += (double)x[t * K + k] * wf[(size_t)m * K + k];
+                    mag += fabs((double)x[t * K + k] * wf[(size_t)m * K + k]);
+                }
+                double err = fabs(out[(size_t)t * M + m] - ref) / (mag + 1e-300);
+                if (mag > 0 && err > worst) worst = err;
+                if (mag == 0 && out[(size_t)t * M + m] != 0) worst = 1;
+            }
+        CHECK(worst < 1e-5);
+    }
+    q3_kernels_force(Q3_ISA_AVX512);
+    free(el), free(sc), free(row), free(wf), free(x), free(out);
+}
+
+static void test_mx_matmul(void) {
+    check_mx(Q3_MXFP8, 1, 37, 256);
+    check_mx(Q3_MXFP4, 1, 37, 256);
+    check_mx(Q3_MXFP8, 9, 40, 320);
+    check_mx(Q3_MXFP4, 9, 40, 320);
+    check_mx(Q3_MXFP4, 1, 300, 2048); /* multi-threaded */
 }
 
 /* A strided view (a transposed matrix) gives the same products as the contiguous one. */
@@ -178,6 +224,7 @@ int main(void) {
     test_bf16_rounding();
     test_matmul();
     test_strided();
+    test_mx_matmul();
     test_attention();
     test_rmsnorm_softmax_swiglu();
     test_rope_rotate_half();
