@@ -186,6 +186,30 @@ __attribute__((target("avx2,fma"))) static float fma_avx2(long iters, float seed
     _mm256_storeu_ps(l, s);
     return l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
 }
+
+/* The same chains on 512-bit vectors: the peak the AVX-512 kernels can reach. */
+__attribute__((target("avx512f"))) static float fma_avx512(long iters, float seed) {
+    __m512 a[FMA_CHAINS];
+    const __m512 b = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < FMA_CHAINS; i++) a[i] = _mm512_set1_ps(seed + (float)i);
+    for (long it = 0; it < iters; it++) {
+        a[0] = _mm512_fmadd_ps(a[0], b, c);
+        a[1] = _mm512_fmadd_ps(a[1], b, c);
+        a[2] = _mm512_fmadd_ps(a[2], b, c);
+        a[3] = _mm512_fmadd_ps(a[3], b, c);
+        a[4] = _mm512_fmadd_ps(a[4], b, c);
+        a[5] = _mm512_fmadd_ps(a[5], b, c);
+        a[6] = _mm512_fmadd_ps(a[6], b, c);
+        a[7] = _mm512_fmadd_ps(a[7], b, c);
+        a[8] = _mm512_fmadd_ps(a[8], b, c);
+        a[9] = _mm512_fmadd_ps(a[9], b, c);
+        a[10] = _mm512_fmadd_ps(a[10], b, c);
+        a[11] = _mm512_fmadd_ps(a[11], b, c);
+    }
+    __m512 s = a[0];
+    for (int i = 1; i < FMA_CHAINS; i++) s = _mm512_add_ps(s, a[i]);
+    return _mm512_reduce_add_ps(s);
+}
 #endif
 
 /* 8 independent scalar multiply-add chains (2 flops each). */
@@ -201,19 +225,21 @@ static float fma_scalar(long iters, float seed) {
 void bench_measure_fma(bench_fma *out) {
     memset(out, 0, sizeof *out);
     const int T = omp_get_max_threads();
-    int use_fma = 0;
+    int use_fma = 0; /* 1: AVX2 256-bit, 2: AVX-512 */
 #if BENCH_X86
     use_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (use_fma && __builtin_cpu_supports("avx512f")) use_fma = 2;
 #endif
-    out->method = use_fma ? "avx2+fma 256-bit" : "scalar mul+add";
+    out->method = use_fma == 2 ? "avx512f 512-bit" : use_fma ? "avx2+fma 256-bit" : "scalar mul+add";
     out->chains = use_fma ? FMA_CHAINS : 8;
-    const double flops_per_iter = use_fma ? FMA_CHAINS * 8 * 2.0 : 8 * 2.0;
+    const double flops_per_iter = use_fma ? FMA_CHAINS * (use_fma == 2 ? 16 : 8) * 2.0 : 8 * 2.0;
     /* Calibrate the iteration count on one thread to ~50 ms per run. */
     long iters = 1 << 16;
     for (;;) {
         double t0 = now_s();
 #if BENCH_X86
-        if (use_fma) bench_sink_f32 = fma_avx2(iters, 1.0f);
+        if (use_fma == 2) bench_sink_f32 = fma_avx512(iters, 1.0f);
+        else if (use_fma) bench_sink_f32 = fma_avx2(iters, 1.0f);
         else
 #endif
             bench_sink_f32 = fma_scalar(iters, 1.0f);
@@ -233,7 +259,8 @@ void bench_measure_fma(bench_fma *out) {
         {
             float seed = 1.0f + (float)omp_get_thread_num();
 #if BENCH_X86
-            if (use_fma) sum += fma_avx2(iters, seed);
+            if (use_fma == 2) sum += fma_avx512(iters, seed);
+            else if (use_fma) sum += fma_avx2(iters, seed);
             else
 #endif
                 sum += fma_scalar(iters, seed);

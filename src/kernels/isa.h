@@ -5,13 +5,15 @@
 
 #include "kernels/kernels.h"
 
-/* GEMM blocking: panels of NR weight rows, K blocks of KC, token tiles of MR. */
-enum { Q3_NR = 16, Q3_KC = 256, Q3_MR = 6 };
+/* GEMM blocking: panels of NR weight rows, K blocks of KC; token tiles of
+ * `mr` rows (per ISA, at most Q3_MR_MAX). */
+enum { Q3_NR = 16, Q3_KC = 256, Q3_MR = 6, Q3_MR_MAX = 14 };
 
 typedef struct {
+    int mr; /* token rows per micro tile */
     /* out[r - r0] = dot(x, W[r, :]) for r in [r0, r1): one token, weights streamed once. */
     void (*gemv)(float *out, const float *x, const q3_mat *W, int r0, int r1);
-    /* C[t][j] (+)= sum_{k<kc} A[t][k] * Bp[k][j] for t < mt (<= MR), j < nt (<= NR);
+    /* C[t][j] (+)= sum_{k<kc} A[t][k] * Bp[k][j] for t < mt (<= mr), j < nt (<= NR);
      * Bp is a packed panel [kc][NR]; accumulate=0 overwrites C. */
     void (*micro)(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt,
                   int accumulate);
@@ -28,6 +30,7 @@ const q3_isa_kernels *q3_isa_current(void);
 
 extern const q3_isa_kernels q3_kernels_scalar;
 extern const q3_isa_kernels q3_kernels_avx2;
+extern const q3_isa_kernels q3_kernels_avx512;
 
 /* Pack W[r0 .. r0+nr) x [k0 .. k0+kc) transposed into Bp[kc][NR] fp32, zero-padding rows >= nr. */
 void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc);

@@ -266,5 +266,5 @@ static void scale(float *y, float a, int n) {
     for (; i < n; i++) y[i] *= a;
 }
 
-const q3_isa_kernels q3_kernels_avx2 = {gemv, micro, pack, dot, axpy, scale};
+const q3_isa_kernels q3_kernels_avx2 = {Q3_MR, gemv, micro, pack, dot, axpy, scale};
 #pragma GCC pop_options

@@ -20,6 +20,9 @@ const char *q3_isa_name(q3_isa isa) {
 
 static q3_isa best_supported(void) {
     __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return Q3_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Q3_ISA_AVX2;
     return Q3_ISA_SCALAR;
 }
@@ -28,7 +31,7 @@ static void set_isa(q3_isa isa) {
     q3_isa best = best_supported();
     if (isa > best) isa = best;
     g_isa = isa;
-    g_k = isa == Q3_ISA_AVX2 ? &q3_kernels_avx2 : &q3_kernels_scalar;
+    g_k = isa == Q3_ISA_AVX512 ? &q3_kernels_avx512 : isa == Q3_ISA_AVX2 ? &q3_kernels_avx2 : &q3_kernels_scalar;
 }
 
 static void init_once(void) {
@@ -36,6 +39,7 @@ static void init_once(void) {
     const char *env = getenv("Q3MOE_ISA");
     if (env && !strcmp(env, "scalar")) isa = Q3_ISA_SCALAR;
     else if (env && !strcmp(env, "avx2")) isa = Q3_ISA_AVX2;
+    else if (env && !strcmp(env, "avx512")) isa = Q3_ISA_AVX512;
     set_isa(isa);
 }
 
@@ -83,8 +87,8 @@ static void run_panel(const q3_mm_job *jb, int r0) {
         const int kc = K - k0 < Q3_KC ? K - k0 : Q3_KC;
         if (g_k->pack && cs_of(W) == 1 && nr == Q3_NR && kc % 8 == 0) g_k->pack(Bp, W, r0, nr, k0, kc);
         else q3_pack_panel(Bp, W, r0, nr, k0, kc);
-        for (int t = 0; t < jb->T; t += Q3_MR) {
-            const int mt = jb->T - t < Q3_MR ? jb->T - t : Q3_MR;
+        for (int t = 0; t < jb->T; t += g_k->mr) {
+            const int mt = jb->T - t < g_k->mr ? jb->T - t : g_k->mr;
             g_k->micro(jb->x + (size_t)t * jb->ldx + k0, jb->ldx, Bp, kc, jb->out + (size_t)t * jb->ldo + r0, jb->ldo, mt,
                        nr, k0 > 0);
         }

@@ -1,0 +1,101 @@
+/* AVX-512F kernels: 16-lane GEMV for plain dtypes and a 14x16 GEMM tile
+ * (one zmm per token row, 14 accumulators). MX weights, packing and the
+ * attention vector primitives reuse the AVX2 versions. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "kernels/isa.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define MR512 14
+
+INLINE __m512 load16(const void *base, size_t idx, q3_dtype dt) {
+    if (dt == Q3_F32) return _mm512_loadu_ps((const float *)base + idx);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx));
+    if (dt == Q3_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* One row at a time (a single sequential weight stream), four accumulators. */
+INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt) {
+    const int K = W->cols, k64 = K & ~63, k16 = K & ~15;
+    const size_t rs = W->rs ? W->rs : (size_t)K;
+    const void *d = W->data;
+    for (int r = r0; r < r1; r++) {
+        const size_t o = (size_t)r * rs;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int k = 0;
+        for (; k < k64; k += 64) {
+            a0 = _mm512_fmadd_ps(load16(d, o + k, dt), _mm512_loadu_ps(x + k), a0);
+            a1 = _mm512_fmadd_ps(load16(d, o + k + 16, dt), _mm512_loadu_ps(x + k + 16), a1);
+            a2 = _mm512_fmadd_ps(load16(d, o + k + 32, dt), _mm512_loadu_ps(x + k + 32), a2);
+            a3 = _mm512_fmadd_ps(load16(d, o + k + 48, dt), _mm512_loadu_ps(x + k + 48), a3);
+        }
+        for (; k < k16; k += 16) a0 = _mm512_fmadd_ps(load16(d, o + k, dt), _mm512_loadu_ps(x + k), a0);
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        for (; k < K; k++) {
+            float w;
+            q3_to_f32(&w, d, W->dtype, o + (size_t)k, 1);
+            s += x[k] * w;
+        }
+        out[r - r0] = s;
+    }
+}
+
+static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
+    if (W->cs > 1 || q3_dtype_is_mx(W->dtype)) {
+        q3_kernels_avx2.gemv(out, x, W, r0, r1);
+        return;
+    }
+    switch (W->dtype) {
+    case Q3_BF16: gemv_t(out, x, W, r0, r1, Q3_BF16); break;
+    case Q3_F16: gemv_t(out, x, W, r0, r1, Q3_F16); break;
+    case Q3_F32: gemv_t(out, x, W, r0, r1, Q3_F32); break;
+    default: break;
+    }
+}
+
+/* Full 14-row tile, accumulators in named registers. */
+INLINE void micro_full(const float *A, size_t lda, const float *Bp, int kc, __m512 *c) {
+#define DECL(i) __m512 c##i = c[i]; const float *a##i = A + (i) * lda;
+    DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5) DECL(6) DECL(7) DECL(8) DECL(9) DECL(10) DECL(11) DECL(12) DECL(13)
+#undef DECL
+    for (int k = 0; k < kc; k++) {
+        const __m512 b = _mm512_load_ps(Bp + k * Q3_NR);
+#define ROW(i) c##i = _mm512_fmadd_ps(_mm512_set1_ps(a##i[k]), b, c##i);
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7) ROW(8) ROW(9) ROW(10) ROW(11) ROW(12) ROW(13)
+#undef ROW
+    }
+#define OUT(i) c[i] = c##i;
+    OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5) OUT(6) OUT(7) OUT(8) OUT(9) OUT(10) OUT(11) OUT(12) OUT(13)
+#undef OUT
+}
+
+static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt, int accumulate) {
+    __m512 c[MR512];
+    const __mmask16 m = (__mmask16)((1u << nt) - 1);
+    for (int t = 0; t < MR512; t++)
+        c[t] = accumulate && t < mt ? _mm512_maskz_loadu_ps(m, C + t * ldc) : _mm512_setzero_ps();
+    if (mt == MR512) {
+        micro_full(A, lda, Bp, kc, c);
+    } else {
+        /* Tail tiles: the same per-element FMA sequence as the full tile. */
+        for (int t = 0; t < mt; t++) {
+            __m512 x = c[t];
+            const float *at = A + t * lda;
+            for (int k = 0; k < kc; k++) x = _mm512_fmadd_ps(_mm512_set1_ps(at[k]), _mm512_load_ps(Bp + k * Q3_NR), x);
+            c[t] = x;
+        }
+    }
+    for (int t = 0; t < mt; t++) _mm512_mask_storeu_ps(C + t * ldc, m, c[t]);
+}
+
+static void pack(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) { q3_kernels_avx2.pack(Bp, W, r0, nr, k0, kc); }
+static float dot(const float *a, const float *b, int n) { return q3_kernels_avx2.dot(a, b, n); }
+static void axpy(float *y, float a, const float *x, int n) { q3_kernels_avx2.axpy(y, a, x, n); }
+static void scale(float *y, float a, int n) { q3_kernels_avx2.scale(y, a, n); }
+
+const q3_isa_kernels q3_kernels_avx512 = {MR512, gemv, micro, pack, dot, axpy, scale};
+#pragma GCC pop_options
