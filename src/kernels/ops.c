@@ -78,11 +78,17 @@ void q3_mat_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
             for (int k = 0; k < n; k++) q3_to_f32(dst + k, W->data, W->dtype, base + (size_t)k * cs, 1);
         return;
     }
+    /* MX: one scale per 32-block; k0 and n need not be block-aligned. */
     const uint8_t *el = W->data, *sc = W->scales + (size_t)r * (W->cols / Q3_MX_BLOCK);
-    for (int k = 0; k < n; k++) {
-        size_t i = base + (size_t)k;
-        int col = k0 + k;
-        float e = W->dtype == Q3_MXFP8 ? q3_e4m3_lut[el[i]] : q3_e2m1_lut[(el[i / 2] >> ((i & 1) * 4)) & 15];
-        dst[k] = e * q3_e8m0_to_f32(sc[col / Q3_MX_BLOCK]);
+    const int fp4 = W->dtype == Q3_MXFP4;
+    for (int k = 0; k < n;) {
+        const int col = k0 + k, blk = col / Q3_MX_BLOCK, end = (blk + 1) * Q3_MX_BLOCK - k0;
+        const int stop = end < n ? end : n;
+        const float scale = q3_e8m0_to_f32(sc[blk]);
+        for (; k < stop; k++) {
+            const size_t i = base + (size_t)k;
+            const float e = fp4 ? q3_e2m1_lut[(el[i / 2] >> ((i & 1) * 4)) & 15] : q3_e4m3_lut[el[i]];
+            dst[k] = e * scale;
+        }
     }
 }
