@@ -7,14 +7,37 @@ is meant for small (synthesized) checkpoints.
 
   reference.py logits -m DIR --ids 1,2,3 -o FILE   float32 [n_ids, vocab], little-endian
   reference.py greedy -m DIR --ids 1,2,3 -n 64     JSON array of greedy next ids
+
+Both take --ffn / --attn mxfp4|mxfp8|bf16 and --act mxfp8|none to emulate a
+quantization scheme with tools/mx_ref.py: --ffn fake-quantizes every expert and
+dense-MLP gate/up/down weight, --attn every q/k/v/o_proj weight, row by row in
+32-blocks along the input dimension (once, at load); "bf16" keeps the weights
+as stored. --act mxfp8 also fake-quantizes the input of every quantized linear
+(q/k/v and gate/up: the normed hidden row; o_proj: the attention output;
+down: silu(gate) * up). Embeddings, norms, the router and lm_head, and their
+inputs, are never quantized. MX rounding happens in float32, as the engine
+holds values; everything else stays float64.
 """
 import argparse
 import json
 import os
+import re
 import struct
 import sys
 
 import numpy as np
+
+import mx_ref
+
+FAKE_QUANT = {"mxfp8": mx_ref.fake_quant_mxfp8, "mxfp4": mx_ref.fake_quant_mxfp4}
+# Which scheme group (--attn / --ffn) a weight belongs to; the router is mlp.gate.weight (no _proj).
+GROUPS = [("attn", re.compile(r"\.self_attn\.[qkvo]_proj\.weight$")),
+          ("ffn", re.compile(r"\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj\.weight$"))]
+
+
+def fake_quant(fmt, a):
+    """a (float64) through MX format fmt along the last axis, in float32 semantics; float64 again."""
+    return FAKE_QUANT[fmt](np.asarray(a, dtype=np.float32)).astype(np.float64)
 
 
 def read_safetensors(path, out):
@@ -72,10 +95,16 @@ def rotate_half(x):
 
 
 class Model:
-    def __init__(self, d):
+    def __init__(self, d, ffn="bf16", attn="bf16", act="none"):
         with open(os.path.join(d, "config.json")) as f:
             c = json.load(f)
         self.w = read_checkpoint(d)
+        self.scheme = {"ffn": ffn, "attn": attn}
+        self.act = act
+        for name in self.w:
+            for group, pattern in GROUPS:
+                if self.scheme[group] != "bf16" and pattern.search(name):
+                    self.w[name] = fake_quant(self.scheme[group], self.w[name])
         self.n_layers = c["num_hidden_layers"]
         self.n_heads = c["num_attention_heads"]
         self.n_kv = c["num_key_value_heads"]
@@ -93,6 +122,10 @@ class Model:
         self.lm_head = self.w["model.embed_tokens.weight"] if c.get("tie_word_embeddings") \
             else self.w["lm_head.weight"]
 
+    def linear_in(self, group, x):
+        """The input of a linear of `group` as the scheme sees it (MXFP8 per 32-block under --act mxfp8)."""
+        return fake_quant("mxfp8", x) if self.act == "mxfp8" and self.scheme[group] != "bf16" else x
+
     def new_cache(self):
         """Per-layer keys and values seen so far, each [positions, kv_heads, head_dim]."""
         empty = np.zeros((0, self.n_kv, self.head_dim))
@@ -107,6 +140,7 @@ class Model:
 
     def attention(self, l, h, cache, pos):
         w, p, T, D = self.w, f"model.layers.{l}.self_attn.", len(h), self.head_dim
+        h = self.linear_in("attn", h)
         q = (h @ w[p + "q_proj.weight"].T).reshape(T, self.n_heads, D)
         k = (h @ w[p + "k_proj.weight"].T).reshape(T, self.n_kv, D)
         v = (h @ w[p + "v_proj.weight"].T).reshape(T, self.n_kv, D)
@@ -121,13 +155,13 @@ class Model:
         key_pos = np.arange(len(keys))
         scores = np.where(key_pos[None, None, :] > pos[None, :, None], -np.inf, scores)
         out = np.einsum("qts,sqd->tqd", softmax(scores), vals).reshape(T, -1)
-        return out @ w[p + "o_proj.weight"].T
+        return self.linear_in("attn", out) @ w[p + "o_proj.weight"].T
 
     def mlp(self, prefix, h):
-        w = self.w
+        w, h = self.w, self.linear_in("ffn", h)
         gate = h @ w[prefix + "gate_proj.weight"].T
         up = h @ w[prefix + "up_proj.weight"].T
-        return (silu(gate) * up) @ w[prefix + "down_proj.weight"].T
+        return self.linear_in("ffn", silu(gate) * up) @ w[prefix + "down_proj.weight"].T
 
     def moe(self, l, h):
         p = f"model.layers.{l}.mlp."
@@ -176,11 +210,20 @@ def main():
     for p in (lg, gr):
         p.add_argument("-m", "--model", required=True, help="checkpoint directory")
         p.add_argument("--ids", required=True, type=parse_ids, help="comma-separated token ids")
+        p.add_argument("--ffn", choices=["mxfp4", "mxfp8", "bf16"], default="bf16",
+                       help="expert / dense-MLP weights (default bf16: as stored)")
+        p.add_argument("--attn", choices=["mxfp8", "mxfp4", "bf16"], default="bf16",
+                       help="q/k/v/o_proj weights (default bf16: as stored)")
+        p.add_argument("--act", choices=["mxfp8", "none"], default="none",
+                       help="inputs of the quantized linears (default none)")
     lg.add_argument("-o", "--output", required=True, help="output file")
     gr.add_argument("-n", type=int, default=64, help="tokens to generate")
     a = ap.parse_args()
 
-    model = Model(a.model)
+    try:
+        model = Model(a.model, ffn=a.ffn, attn=a.attn, act=a.act)
+    except ValueError as e:  # mx_ref: a dimension that is not a multiple of 32, or a non-finite weight
+        sys.exit(f"reference.py: {a.model}: {e}")
     vocab = model.lm_head.shape[0]
     bad = [i for i in a.ids if not 0 <= i < vocab]
     if bad:

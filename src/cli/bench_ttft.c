@@ -46,15 +46,17 @@ int bench_evict_dir(const char *dir, int *n_files, double *bytes, double *reside
     *n_files = 0;
     *bytes = 0;
     *resident_frac = 0;
-    DIR *d = opendir(dir);
-    if (!d) return q3_err("cannot list %s: %s", dir, strerror(errno));
+    /* A .q3m model is one file: evict just that. */
+    const int single = !q3_is_dir(dir) && q3_file_exists(dir);
+    DIR *d = single ? NULL : opendir(dir);
+    if (!d && !single) return q3_err("cannot list %s: %s", dir, strerror(errno));
     struct dirent *e;
     double resident = 0;
-    int rc = 0;
-    while (rc == 0 && (e = readdir(d))) {
-        const char *n = e->d_name;
-        if (!ends_with(n, ".safetensors") && !ends_with(n, ".json") && !ends_with(n, ".txt")) continue;
-        char *path = q3_path_join(dir, n);
+    int rc = 0, done_single = 0;
+    while (rc == 0 && (single ? !done_single++ : (e = readdir(d)) != NULL)) {
+        const char *n = single ? dir : e->d_name;
+        if (!single && !ends_with(n, ".safetensors") && !ends_with(n, ".json") && !ends_with(n, ".txt")) continue;
+        char *path = single ? q3_strdup(dir) : q3_path_join(dir, n);
         struct stat st;
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
@@ -74,7 +76,7 @@ int bench_evict_dir(const char *dir, int *n_files, double *bytes, double *reside
         close(fd);
         free(path);
     }
-    closedir(d);
+    if (d) closedir(d);
     if (rc == 0 && *n_files == 0) rc = q3_err("no checkpoint files to evict in %s", dir);
     if (*bytes > 0) *resident_frac = resident / *bytes;
     return rc;

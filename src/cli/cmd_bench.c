@@ -17,10 +17,15 @@
 #include "cli/bench_ttft.h"
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "quant/cache.h"
 #include "util/error.h"
 #include "util/file.h"
 
 #define MAX_PROMPTS 64
+
+/* The model path to load (-m, or the cached .q3m for --quant); global so it
+ * stays reachable until exit. */
+static char *g_model_path;
 #define MEMBW_PASSES 10
 
 static void usage(FILE *f) {
@@ -31,7 +36,8 @@ static void usage(FILE *f) {
             "reads, time to first token of a fresh process (cold and warm page cache) and peak\n"
             "RSS, next to this machine's measured memory read bandwidth and FMA peak. The table\n"
             "goes to stdout, progress to stderr. See BENCHMARKS.md for what each number means.\n\n"
-            "  -m DIR            Hugging Face checkpoint directory\n"
+            "  -m DIR            Hugging Face checkpoint directory, or a .q3m file (q3moe convert)\n"
+            "  --quant SCHEME    bench DIR quantized (w4a8, w8a8, w4, w8, bf16), converted once into the cache\n"
             "  -p LIST           prompt lengths for prefill, comma-separated (default 128,512,4096;\n"
             "                    0 = no prefill test)\n"
             "  -n N              decode steps per repetition (default 64; 0 = no decode test)\n"
@@ -176,7 +182,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *model_dir = NULL, *json_path = NULL, *plist = "128,512,4096";
+    const char *model_dir = NULL, *json_path = NULL, *plist = "128,512,4096", *quant = NULL;
     long n_dec = 64, reps = 5, threads = 0, depth = 128, ctx_arg = 0, membw_mb = 1024, ttft_p = 0;
     int force = 0, membw_flag = 0, no_membw = 0, no_ttft = 0;
     for (int i = 1; i < argc; i++) {
@@ -190,13 +196,14 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-ttft")) no_ttft = 1;
         else if (!strcmp(a, "-m") || !strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-r") || !strcmp(a, "-t") ||
                  !strcmp(a, "--depth") || !strcmp(a, "--ctx") || !strcmp(a, "--json") || !strcmp(a, "--membw-mb") ||
-                 !strcmp(a, "--ttft-p")) {
+                 !strcmp(a, "--ttft-p") || !strcmp(a, "--quant")) {
             if (i + 1 >= argc) return fail("option %s needs a value", a);
             const char *v = argv[++i];
             int bad = 0;
             if (!strcmp(a, "-m")) model_dir = v;
             else if (!strcmp(a, "-p")) plist = v;
             else if (!strcmp(a, "--json")) json_path = v;
+            else if (!strcmp(a, "--quant")) quant = v;
             else if (!strcmp(a, "-n")) bad = parse_long(a, v, 0, 1l << 20, &n_dec);
             else if (!strcmp(a, "-r")) bad = parse_long(a, v, 1, 100000, &reps);
             else if (!strcmp(a, "-t")) bad = parse_long(a, v, 1, 1024, &threads);
@@ -227,11 +234,8 @@ int cmd_bench(int argc, char **argv) {
     bench_machine_info(&r.machine);
     int need_tok = 0, ttft_ctx = 0;
     if (model_dir) {
-        if (!q3_is_dir(model_dir)) return fail("-m: %s is not a directory", model_dir);
-        char *cp = q3_path_join(model_dir, "config.json");
-        int bad = !q3_file_exists(cp) ? q3_err("-m: %s has no config.json", model_dir) : q3_config_load(&r.cfg, cp);
-        free(cp);
-        if (bad) {
+        /* -m DIR --quant S: bench the cached .q3m (converted on first use). */
+        if (q3_resolve_model(model_dir, quant, &g_model_path) || q3_model_load_config(&r.cfg, g_model_path)) {
             fail("%s", q3_errmsg());
             return 1;
         }
@@ -259,6 +263,7 @@ int cmd_bench(int argc, char **argv) {
         r.has_model = 1;
         r.dir = model_dir;
         base_name(model_dir, r.name, sizeof r.name);
+        model_dir = g_model_path;
     }
     fprintf(stderr, "[bench] %s, %d threads\n", r.machine.cpu, r.machine.threads);
     if (r.machine.loadavg > r.machine.cores - r.machine.threads + 0.5)

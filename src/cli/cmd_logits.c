@@ -7,16 +7,18 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "quant/cache.h"
 #include "util/error.h"
 #include "util/file.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: q3moe logits -m DIR --ids 1,2,3,... -o FILE [--prefill K] [--ctx N] [-t THREADS] [--force]\n\n"
+            "usage: q3moe logits -m DIR --ids 1,2,3,... -o FILE [--quant SCHEME] [--prefill K] [--ctx N] [-t THREADS] [--force]\n\n"
             "Writes little-endian float32 logits, row-major [n_ids, vocab_size], one row per position.\n"
             "The first K ids (default: all) go through one prefill call; each later id through one\n"
             "single-token decode step on the KV cache.\n\n"
-            "  -m DIR         Hugging Face checkpoint directory\n"
+            "  -m DIR         Hugging Face checkpoint directory, or a .q3m file (q3moe convert)\n"
+            "  --quant S      run DIR quantized (w4a8, w8a8, w4, w8, bf16), converted once into the cache\n"
             "  --ids LIST     comma-separated token ids\n"
             "  -o FILE        output file (refuses to overwrite an existing file unless --force)\n"
             "  --prefill K    ids in the prefill call, 1..n (default n)\n"
@@ -25,7 +27,7 @@ static void usage(FILE *f) {
 }
 
 int cmd_logits(int argc, char **argv) {
-    const char *dir = NULL, *out = NULL, *ids_s = NULL;
+    const char *dir = NULL, *out = NULL, *ids_s = NULL, *quant = NULL;
     long prefill = -1, ctx = 0, threads = 0;
     int force = 0;
     for (int i = 1; i < argc; i++) {
@@ -35,11 +37,12 @@ int cmd_logits(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--force")) force = 1;
         else if (!strcmp(a, "-m") || !strcmp(a, "-o") || !strcmp(a, "--ids") || !strcmp(a, "--prefill") ||
-                 !strcmp(a, "--ctx") || !strcmp(a, "-t")) {
+                 !strcmp(a, "--ctx") || !strcmp(a, "-t") || !strcmp(a, "--quant")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;
             if (!strcmp(a, "-m")) dir = v;
             else if (!strcmp(a, "-o")) out = v;
             else if (!strcmp(a, "--ids")) ids_s = v;
+            else if (!strcmp(a, "--quant")) quant = v;
             else if (!strcmp(a, "--prefill") && arg_int(a, v, 1, 1l << 24, &prefill)) return 2;
             else if (!strcmp(a, "--ctx") && arg_int(a, v, 1, 1l << 24, &ctx)) return 2;
             else if (!strcmp(a, "-t") && arg_int(a, v, 1, 1024, &threads)) return 2;
@@ -64,8 +67,16 @@ int cmd_logits(int argc, char **argv) {
         free(ids);
         return 1;
     }
+    char *path;
+    if (q3_resolve_model(dir, quant, &path)) {
+        q3_print_error();
+        free(ids);
+        return 1;
+    }
     q3_session s;
-    if (session_open(&s, dir, (int)ctx, (int)threads, 0)) {
+    int open_rc = session_open(&s, path, (int)ctx, (int)threads, 0);
+    free(path);
+    if (open_rc) {
         q3_print_error();
         free(ids);
         return 1;

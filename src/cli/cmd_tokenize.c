@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "io/q3m.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -19,7 +20,7 @@ static void usage(FILE *f) {
             "       q3moe tokenize -m DIR --decode (--ids 1,2,3 | --jsonl -f FILE) [-v]\n\n"
             "Encodes text with DIR/tokenizer.json and prints the ids as a JSON array on one line.\n"
             "Special tokens written in the text (e.g. <|im_start|>) become their ids.\n\n"
-            "  -m DIR      checkpoint directory holding tokenizer.json (or the file itself)\n"
+            "  -m DIR      checkpoint directory holding tokenizer.json (or that file, or a .q3m model file)\n"
             "  -p TEXT     text to encode\n"
             "  -f FILE     encode the whole content of FILE (UTF-8)\n"
             "  --jsonl     FILE has one JSON string per line; print one id array per line\n"
@@ -114,16 +115,31 @@ static int decode_line(const q3_tokenizer *t, const char *line, size_t len) {
     return 0;
 }
 
+/* The tokenizer.json embedded in a .q3m file. */
+static q3_tokenizer *load_q3m(const char *path) {
+    q3m_file f;
+    if (q3m_open(&f, path)) return NULL;
+    q3_tokenizer *t = NULL;
+    char *name = q3_malloc(strlen(path) + 32);
+    sprintf(name, "%s (embedded tokenizer.json)", path);
+    if (!f.tokenizer_json) q3_err("%s has no embedded tokenizer.json (its checkpoint had none)", path);
+    else t = q3_tok_load_buffer(f.tokenizer_json, f.tokenizer_len, name);
+    free(name);
+    q3m_close(&f);
+    return t;
+}
+
 static q3_tokenizer *load(const char *dir, int verbose) {
+    int packed = !q3_is_dir(dir) && q3m_is_q3m(dir);
     char *path = q3_is_dir(dir) ? q3_path_join(dir, "tokenizer.json") : q3_strdup(dir);
-    if (!q3_file_exists(path)) {
+    if (!packed && !q3_file_exists(path)) {
         q3_err("%s not found (-m wants a checkpoint directory containing tokenizer.json)", path);
         free(path);
         return NULL;
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    q3_tokenizer *t = q3_tok_load(path);
+    q3_tokenizer *t = packed ? load_q3m(path) : q3_tok_load(path);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (t && verbose)
         fprintf(stderr, "[q3moe] loaded %s in %.1f ms\n", path,

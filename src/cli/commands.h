@@ -9,5 +9,8 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 #endif

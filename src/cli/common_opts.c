@@ -1,9 +1,15 @@
 #include "cli/common_opts.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "cli/args.h"
+#include "quant/cache.h"
+#include "util/error.h"
+
+/* The resolved model path (a global so it stays reachable until exit). */
+static char *g_model_path;
 
 void common_opts_init(common_opts *o) {
     memset(o, 0, sizeof *o);
@@ -16,7 +22,10 @@ void common_opts_init(common_opts *o) {
 }
 
 void common_opts_help(FILE *f) {
-    fprintf(f, "  -m DIR               Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)\n"
+    fprintf(f, "  -m DIR               Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json),\n"
+               "                       or a .q3m file written by q3moe convert\n"
+               "  --quant SCHEME       run DIR quantized: w4a8, w8a8, w4, w8 or bf16; converted once into the cache\n"
+               "                       ($Q3MOE_CACHE_DIR, else $XDG_CACHE_HOME/q3moe or ~/.cache/q3moe)\n"
                "  --ctx N              context size in tokens (default min(max_position_embeddings, 4096))\n"
                "  -t THREADS           worker threads (default: all cores)\n"
                "  --temp T             temperature, 0 = greedy (default 0.6)\n"
@@ -28,7 +37,7 @@ void common_opts_help(FILE *f) {
 }
 
 int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
-    static const char *opts[] = {"-m", "--ctx", "-t", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed"};
+    static const char *opts[] = {"-m", "--ctx", "-t", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--quant"};
     const char *a = argv[*i];
     size_t k = 0;
     while (k < sizeof opts / sizeof opts[0] && strcmp(a, opts[k])) k++;
@@ -47,6 +56,7 @@ int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
     case 6: if (arg_float(a, v, 0, 1, &d)) return -1; o->sp.min_p = (float)d; return 1;
     case 7: if (arg_float(a, v, 0.01, 100, &d)) return -1; o->sp.repeat_penalty = (float)d; return 1;
     case 8: if (arg_int(a, v, 0, 0x7fffffffffffffffl, &l)) return -1; o->sp.seed = (uint64_t)l; o->seed_given = 1; return 1;
+    case 9: o->quant = v; return 1;
     }
     return 0;
 }
@@ -56,5 +66,13 @@ void common_opts_finish(common_opts *o) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         o->sp.seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec;
+    }
+    if (o->model_dir && o->quant) {
+        free(g_model_path);
+        if (q3_resolve_model(o->model_dir, o->quant, &g_model_path)) {
+            q3_print_error();
+            exit(1);
+        }
+        o->model_dir = g_model_path;
     }
 }

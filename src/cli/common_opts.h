@@ -7,7 +7,8 @@
 #include "sample/sampler.h"
 
 typedef struct {
-    const char *model_dir;
+    const char *model_dir;   /* after common_opts_finish: the path to load (the cached .q3m with --quant) */
+    const char *quant;       /* --quant SCHEME, or NULL */
     long ctx, threads;
     int seed_given;
     q3_sampler_params sp;
@@ -18,7 +19,9 @@ void common_opts_init(common_opts *o);
  * one of ours, -1 on a bad value (message printed). */
 int common_opts_parse(common_opts *o, int argc, char **argv, int *i);
 void common_opts_help(FILE *f);
-/* Seed from the clock when none was given. */
+/* Seed from the clock when none was given, and resolve -m / --quant
+ * (q3_resolve_model: may convert into the cache). A failure to resolve
+ * prints the error and exits with status 1 (nothing is held yet). */
 void common_opts_finish(common_opts *o);
 
 #endif

@@ -14,14 +14,17 @@ static const struct {
     {"tokenize", cmd_tokenize, "print the token ids of a text as a JSON array"},
     {"logits", cmd_logits, "write float32 logits for a list of token ids (testing hook)"},
     {"synth", cmd_synth, "write a random-weight Hugging Face checkpoint of a given geometry"},
+    {"convert", cmd_convert, "pack a checkpoint into one MX-quantized .q3m file (W4A8 by default)"},
+    {"perplexity", cmd_perplexity, "perplexity of a text, and divergence from a --base model"},
     {"bench", cmd_bench, "measure prefill/decode speed, memory traffic, TTFT and peak RSS"},
+    {"plan", cmd_plan, "show how a model splits over N ranks; predict memory, communication, latency"},
 };
 
 static void usage(FILE *f) {
     fprintf(f, "q3moe: low-latency inference for Qwen3-MoE and Qwen3 models\n\n"
                "usage: q3moe COMMAND [options]   (q3moe COMMAND --help for details)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
 }
 
 int main(int argc, char **argv) {

@@ -19,10 +19,12 @@ int session_open(q3_session *s, const char *dir, int ctx, int n_threads, int nee
     if (n_threads > 0) omp_set_num_threads(n_threads);
     if (q3_model_load(&s->model, dir)) return -1;
     const q3_config *c = &s->model.cfg;
-    char *tp = q3_path_join(dir, "tokenizer.json");
+    const q3m_file *pk = s->model.q3m;
+    char *tp = pk ? q3_malloc(strlen(dir) + 32) : q3_path_join(dir, "tokenizer.json");
+    if (pk) sprintf(tp, "%s (embedded tokenizer.json)", dir);
     int rc = 0;
-    if (q3_file_exists(tp)) {
-        s->tok = q3_tok_load(tp);
+    if (pk ? pk->tokenizer_json != NULL : q3_file_exists(tp)) {
+        s->tok = pk ? q3_tok_load_buffer(pk->tokenizer_json, pk->tokenizer_len, tp) : q3_tok_load(tp);
         if (!s->tok) rc = -1;
         else if (q3_tok_n_ids(s->tok) > c->vocab_size) {
             if (need_tokenizer)
@@ -32,7 +34,8 @@ int session_open(q3_session *s, const char *dir, int ctx, int n_threads, int nee
             s->tok = NULL;
         }
     } else if (need_tokenizer) {
-        rc = q3_err("%s has no tokenizer.json, which is needed to turn text into tokens (use --ids)", dir);
+        rc = pk ? q3_err("%s has no embedded tokenizer.json (its checkpoint had none), which is needed to turn text into tokens (use --ids)", dir)
+                : q3_err("%s has no tokenizer.json, which is needed to turn text into tokens (use --ids)", dir);
     }
     free(tp);
     if (rc == 0) rc = q3_state_init(&s->state, &s->model, ctx, 0);

@@ -162,6 +162,8 @@ static int build_table(q3_st_archive *a) {
     return 0;
 }
 
+int q3_st_build_index(q3_st_archive *a) { return build_table(a); }
+
 const q3_st_tensor *q3_st_find(const q3_st_archive *a, const char *name) {
     if (!a->table) return NULL;
     size_t h = hash_str(name) & (a->table_size - 1);

@@ -42,6 +42,9 @@ int q3_st_open_dir(q3_st_archive *a, const char *dir);
 /* Open a single .safetensors file. */
 int q3_st_open_file(q3_st_archive *a, const char *path);
 const q3_st_tensor *q3_st_find(const q3_st_archive *a, const char *name);
+/* Build the name index of an archive whose files and tensors were filled by
+ * another reader (the .q3m loader). A name appearing twice is an error. */
+int q3_st_build_index(q3_st_archive *a);
 void q3_st_close(q3_st_archive *a);
 
 #endif

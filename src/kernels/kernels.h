@@ -63,6 +63,8 @@ void q3_matmul(float *out, const float *x, int T, const q3_mat *W);
 
 /* out = x * rsqrt(mean(x^2) + eps) * w, for n-element vectors (out may alias x). */
 void q3_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* Residual add fused with the next norm: x += delta; out = rmsnorm(x) * w. */
+void q3_add_rmsnorm(float *x, const float *delta, const float *w, float *out, int n, float eps);
 /* out[i] = silu(gate[i]) * up[i] */
 void q3_swiglu(float *out, const float *gate, const float *up, int n);
 /* In-place softmax over n values. */

@@ -32,6 +32,16 @@ void q3_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
 }
 
+void q3_add_rmsnorm(float *x, const float *delta, const float *w, float *out, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] += delta[i];
+        ss += (double)x[i] * x[i];
+    }
+    float inv = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
+}
+
 void q3_swiglu(float *out, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) {
         float g = gate[i];

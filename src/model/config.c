@@ -2,9 +2,11 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 /* Integer field: missing -> default (or an error when required). */
 static int get_int(const char *path, json_t *root, const char *key, int required, long dflt, long lo, long hi, int *out) {
@@ -128,16 +130,22 @@ static int parse(q3_config *c, const char *path, json_t *root) {
     return 0;
 }
 
-int q3_config_load(q3_config *c, const char *path) {
+int q3_config_parse(q3_config *c, const char *json_text, const char *name) {
     memset(c, 0, sizeof *c);
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root) {
-        if (jerr.line < 0 || strstr(jerr.text, "unable to open"))
-            return q3_err("cannot read %s: %s", path, jerr.text);
-        return q3_err("%s: not valid JSON: %s (line %d, column %d)", path, jerr.text, jerr.line, jerr.column);
-    }
-    int rc = json_is_object(root) ? parse(c, path, root) : q3_err("%s: not a JSON object", path);
+    json_t *root = json_loads(json_text, 0, &jerr);
+    if (!root) return q3_err("%s: not valid JSON: %s (line %d, column %d)", name, jerr.text, jerr.line, jerr.column);
+    int rc = json_is_object(root) ? parse(c, name, root) : q3_err("%s: not a JSON object", name);
     json_decref(root);
+    return rc;
+}
+
+int q3_config_load(q3_config *c, const char *path) {
+    memset(c, 0, sizeof *c);
+    size_t len;
+    char *text = q3_read_file(path, &len);
+    if (!text) return -1; /* "cannot open PATH: reason" */
+    int rc = strlen(text) != len ? q3_err("%s: not valid JSON: contains a NUL byte", path) : q3_config_parse(c, text, path);
+    free(text);
     return rc;
 }

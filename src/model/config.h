@@ -33,5 +33,8 @@ typedef struct {
 /* Parse and validate config.json at `path`. Unsupported options
  * (attention_bias, sliding window, rope_scaling) are refused. */
 int q3_config_load(q3_config *c, const char *path);
+/* The same from config.json text (NUL-terminated) held in memory, e.g. the
+ * copy embedded in a .q3m file; `name` stands for the file in messages. */
+int q3_config_parse(q3_config *c, const char *json_text, const char *name);
 
 #endif

@@ -126,8 +126,7 @@ static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int
                               s->v_cache + (size_t)l * s->ctx * KVD};
     q3_attention(s->att, s->q, T, pos0, &al, s->scores);
     q3_act_quant(m, &L->wo, s->att, T, (size_t)QD);
-    q3_matmul(s->proj, s->att, T, &L->wo);
-    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];
+    q3_matmul(s->proj, s->att, T, &L->wo); /* added to x by mlp_block's fused add + norm */
 }
 
 static void dense_mlp(const q3_model *m, const q3_layer *L, q3_state *s, int T) {
@@ -147,7 +146,8 @@ static void mlp_block(const q3_model *m, q3_state *s, int l, int T) {
     const q3_config *c = &m->cfg;
     const q3_layer *L = &m->layers[l];
     const int H = c->hidden_size;
-    for (int t = 0; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->mlp_norm, H, c->rms_norm_eps);
+    for (int t = 0; t < T; t++)
+        q3_add_rmsnorm(s->x + (size_t)t * H, s->proj + (size_t)t * H, L->mlp_norm, s->xn + (size_t)t * H, H, c->rms_norm_eps);
     if (L->sparse) q3_moe_forward(m, L, s, T, l);
     else dense_mlp(m, L, s, T);
 }

@@ -29,16 +29,25 @@ static const q3_st_tensor *need(const q3_model *m, const char *name, int64_t d0,
     return t;
 }
 
+/* Any dtype, MX included (a .q3m's quantized projections). */
 static int get_mat(const q3_model *m, q3_mat *out, const char *name, int rows, int cols) {
     const q3_st_tensor *t = need(m, name, rows, cols);
     if (!t) return -1;
-    *out = (q3_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols};
+    *out = (q3_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols, .scales = t->scales};
     return 0;
+}
+
+/* Tensors read element by element (norm vectors, embedding rows) must be in
+ * a plain dtype. */
+static int need_plain(const q3_model *m, const q3_st_tensor *t) {
+    if (t && q3_dtype_is_mx(t->dtype))
+        return q3_err("tensor %s in %s has dtype %s; it must be F32, F16 or BF16", t->name, m->dir, q3_dtype_name(t->dtype));
+    return t ? 0 : -1;
 }
 
 static int get_vec(const q3_model *m, float **out, const char *name, int n) {
     const q3_st_tensor *t = need(m, name, n, 0);
-    if (!t) return -1;
+    if (need_plain(m, t)) return -1;
     *out = q3_malloc((size_t)n * sizeof(float));
     q3_to_f32(*out, t->data, t->dtype, 0, (size_t)n);
     return 0;
@@ -82,19 +91,70 @@ static int load_layer(q3_model *m, int l) {
     return 0;
 }
 
-int q3_model_load(q3_model *m, const char *dir) {
-    memset(m, 0, sizeof *m);
-    if (!q3_is_dir(dir)) {
-        if (q3_file_exists(dir)) return q3_err("%s is a file, not a checkpoint directory (expected config.json + *.safetensors)", dir);
-        return q3_err("checkpoint directory %s does not exist", dir);
+/* The model stored in a .q3m file: config from its embedded config.json,
+ * tensors from its table (views into its mapping). */
+static int open_q3m(q3_model *m, const char *path) {
+    m->q3m = q3_malloc(sizeof *m->q3m);
+    if (q3m_open(m->q3m, path)) {
+        free(m->q3m);
+        m->q3m = NULL;
+        return -1;
     }
-    m->dir = q3_strdup(dir);
+    char *name = q3_malloc(strlen(path) + 32);
+    sprintf(name, "%s (embedded config.json)", path);
+    int rc = q3_config_parse(&m->cfg, m->q3m->config_json, name);
+    free(name);
+    if (rc) return -1;
+    m->st = m->q3m->st;
+    m->scheme = m->q3m->scheme;
+    /* As for safetensors: map a file that fits comfortably in memory in full
+     * up front, so decode never stalls on a first-touch page fault. */
+    if (m->q3m->st.files[0].size < q3_mem_available() / 4 * 3) q3_prefault(&m->q3m->st.files[0]);
+    return 0;
+}
+
+static int open_dir(q3_model *m, const char *dir) {
     char *cfg_path = q3_path_join(dir, "config.json");
     int rc = 0;
     if (!q3_file_exists(cfg_path)) rc = q3_err("%s has no config.json: not a Hugging Face checkpoint directory", dir);
     else rc = q3_config_load(&m->cfg, cfg_path);
     free(cfg_path);
     if (rc == 0) rc = q3_st_open_dir(&m->st, dir);
+    m->scheme = (q3_quant_scheme){Q3_BF16, Q3_BF16, 0};
+    return rc;
+}
+
+int q3_model_load_config(q3_config *c, const char *path) {
+    if (q3_is_dir(path)) {
+        char *cfg_path = q3_path_join(path, "config.json");
+        int rc = q3_file_exists(cfg_path) ? q3_config_load(c, cfg_path)
+                                          : q3_err("%s has no config.json: not a Hugging Face checkpoint directory", path);
+        free(cfg_path);
+        return rc;
+    }
+    if (!q3_file_exists(path)) return q3_err("%s does not exist (expected a checkpoint directory or a .q3m file)", path);
+    q3m_file f;
+    if (q3m_open(&f, path)) return -1;
+    char *name = q3_malloc(strlen(path) + 32);
+    sprintf(name, "%s (embedded config.json)", path);
+    int rc = q3_config_parse(c, f.config_json, name);
+    free(name);
+    q3m_close(&f);
+    return rc;
+}
+
+int q3_model_load(q3_model *m, const char *path) {
+    memset(m, 0, sizeof *m);
+    int rc;
+    if (q3_is_dir(path)) {
+        m->dir = q3_strdup(path);
+        rc = open_dir(m, path);
+    } else if (q3_file_exists(path)) {
+        m->dir = q3_strdup(path);
+        rc = open_q3m(m, path);
+    } else {
+        return q3_err("%s does not exist (expected a checkpoint directory or a .q3m file)", path);
+    }
     if (rc) {
         q3_model_free(m);
         return -1;
@@ -102,6 +162,7 @@ int q3_model_load(q3_model *m, const char *dir) {
     const q3_config *c = &m->cfg;
     m->layers = q3_calloc((size_t)c->num_layers, sizeof(q3_layer));
     rc = get_mat(m, &m->embed, "model.embed_tokens.weight", c->vocab_size, c->hidden_size) ||
+         need_plain(m, q3_st_find(&m->st, "model.embed_tokens.weight")) ||
          get_vec(m, &m->final_norm, "model.norm.weight", c->hidden_size);
     if (rc == 0) {
         if (c->tie_word_embeddings) m->lm_head = m->embed;
@@ -130,6 +191,9 @@ void q3_model_free(q3_model *m) {
     free(m->layers);
     free(m->final_norm);
     free(m->dir);
-    q3_st_close(&m->st);
+    if (m->q3m) {
+        q3m_close(m->q3m); /* m->st is a view of m->q3m->st */
+        free(m->q3m);
+    } else q3_st_close(&m->st);
     memset(m, 0, sizeof *m);
 }

@@ -4,6 +4,7 @@
 #ifndef Q3_MODEL_H
 #define Q3_MODEL_H
 
+#include "io/q3m.h"
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
@@ -21,19 +22,24 @@ typedef struct {
 
 typedef struct {
     q3_config cfg;
-    q3_st_archive st;
+    q3_st_archive st;             /* for a .q3m: a view of q3m->st (owned there) */
     q3_mat embed, lm_head;
     float *final_norm;
     q3_layer *layers;
-    char *dir;
+    char *dir;                    /* the path given: checkpoint directory or .q3m file */
     /* How the weights are stored and whether MX linears quantize their
      * inputs ({BF16, BF16, 0} for a Hugging Face directory). */
     q3_quant_scheme scheme;
+    q3m_file *q3m;                /* the packed file, when loaded from one (else NULL) */
 } q3_model;
 
-/* Load config.json and the safetensors of checkpoint directory `dir`,
- * checking every expected tensor's presence, rank and shape. */
-int q3_model_load(q3_model *m, const char *dir);
+/* Load a model from `path`: a Hugging Face checkpoint directory (config.json
+ * + safetensors) or a .q3m file written by `q3moe convert` (config and
+ * tokenizer embedded, tensors possibly MX-quantized). Checks every expected
+ * tensor's presence, rank and shape. */
+int q3_model_load(q3_model *m, const char *path);
+/* Only the config of a checkpoint directory or .q3m file. */
+int q3_model_load_config(q3_config *c, const char *path);
 void q3_model_free(q3_model *m);
 
 #endif

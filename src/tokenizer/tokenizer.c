@@ -6,17 +6,21 @@
 #include "util/error.h"
 #include "util/file.h"
 
-q3_tokenizer *q3_tok_load(const char *path) {
-    q3_mapped_file f;
-    if (q3_map_file(&f, path)) return NULL;
+q3_tokenizer *q3_tok_load_buffer(const char *json, size_t len, const char *name) {
     q3_tokenizer *t = q3_calloc(1, sizeof *t);
-    t->path = q3_strdup(path);
-    int rc = tok_load_json(t, (const char *)f.data, f.size);
-    q3_unmap_file(&f);
-    if (rc) {
+    t->path = q3_strdup(name);
+    if (tok_load_json(t, json, len)) {
         q3_tok_free(t);
         return NULL;
     }
+    return t;
+}
+
+q3_tokenizer *q3_tok_load(const char *path) {
+    q3_mapped_file f;
+    if (q3_map_file(&f, path)) return NULL;
+    q3_tokenizer *t = q3_tok_load_buffer((const char *)f.data, f.size, path);
+    q3_unmap_file(&f);
     return t;
 }
 

@@ -12,6 +12,9 @@ typedef struct q3_tokenizer q3_tokenizer;
 
 /* Load tokenizer.json from `path`. Returns NULL with q3_err set on failure. */
 q3_tokenizer *q3_tok_load(const char *path);
+/* The same from tokenizer.json bytes in memory (need not be NUL-terminated;
+ * not referenced after the call). `name` stands for the file in messages. */
+q3_tokenizer *q3_tok_load_buffer(const char *json, size_t len, const char *name);
 void q3_tok_free(q3_tokenizer *t);
 
 /* Number of ids the tokenizer can produce (max id + 1, added tokens included). */
