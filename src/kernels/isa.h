@@ -17,6 +17,11 @@ typedef struct {
      * Bp is a packed panel [kc][NR]; accumulate=0 overwrites C. */
     void (*micro)(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt,
                   int accumulate);
+    /* Few tokens (T <= small_t): out[t][r] for r in [r0, r1), straight from the
+     * stored rows (no packing), weights widened once per token block.
+     * Plain dtypes with contiguous rows only; NULL: not available. */
+    int small_t;
+    void (*gemm_small)(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1);
     /* q3_pack_panel for contiguous rows (cs == 1); NULL: use the generic one. */
     void (*pack)(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc);
     /* Dense fp32 vector primitives for attention. */

@@ -136,6 +136,53 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     }
 }
 
+/* Few tokens: 2 weight rows x up to 6 tokens of accumulators, each weight
+ * vector widened once per token block; every (row, token) result is an
+ * 8-lane accumulation over k in order and one reduction, whatever the block. */
+INLINE void small_block(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, int TB,
+                        q3_dtype dt) {
+    const int K = W->cols;
+    const size_t rs = W->rs ? W->rs : (size_t)K;
+    __m256 acc[2][6];
+#pragma GCC unroll 6
+    for (int t = 0; t < 6; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k += 8) {
+        const __m256 w0 = load8(W->data, (size_t)r * rs + k, dt), w1 = load8(W->data, (size_t)(r + 1) * rs + k, dt);
+#pragma GCC unroll 6
+        for (int t = 0; t < 6; t++) {
+            if (t < TB) {
+                const __m256 xv = _mm256_loadu_ps(x + (size_t)(t0 + t) * ldx + k);
+                acc[0][t] = _mm256_fmadd_ps(w0, xv, acc[0][t]);
+                acc[1][t] = _mm256_fmadd_ps(w1, xv, acc[1][t]);
+            }
+        }
+    }
+#pragma GCC unroll 6
+    for (int t = 0; t < 6; t++)
+        if (t < TB) {
+            out[(size_t)(t0 + t) * ldo + r] = hsum(acc[0][t]);
+            out[(size_t)(t0 + t) * ldo + r + 1] = hsum(acc[1][t]);
+        }
+}
+
+INLINE void small_t(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1, q3_dtype dt) {
+    for (int r = r0; r < r1; r += 2)
+        for (int t0 = 0; t0 < T; t0 += 6) {
+            const int tb = T - t0 < 6 ? T - t0 : 6;
+            if (tb == 6) small_block(out, ldo, x, ldx, W, r, t0, 6, dt);
+            else small_block(out, ldo, x, ldx, W, r, t0, tb, dt);
+        }
+}
+
+static void gemm_small(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1) {
+    switch (W->dtype) {
+    case Q3_BF16: small_t(out, ldo, x, ldx, T, W, r0, r1, Q3_BF16); break;
+    case Q3_F16: small_t(out, ldo, x, ldx, T, W, r0, r1, Q3_F16); break;
+    case Q3_F32: small_t(out, ldo, x, ldx, T, W, r0, r1, Q3_F32); break;
+    default: break;
+    }
+}
+
 /* 8x8 fp32 transpose in registers. */
 INLINE void transpose8(__m256 r[8]) {
     __m256 t[8], u[8];
@@ -266,5 +313,5 @@ static void scale(float *y, float a, int n) {
     for (; i < n; i++) y[i] *= a;
 }
 
-const q3_isa_kernels q3_kernels_avx2 = {Q3_MR, gemv, micro, pack, dot, axpy, scale};
+const q3_isa_kernels q3_kernels_avx2 = {Q3_MR, gemv, micro, 16, gemm_small, pack, dot, axpy, scale};
 #pragma GCC pop_options

@@ -42,4 +42,4 @@ static void scale(float *y, float a, int n) {
     for (int i = 0; i < n; i++) y[i] *= a;
 }
 
-const q3_isa_kernels q3_kernels_scalar = {Q3_MR, gemv, micro, NULL, dot, axpy, scale};
+const q3_isa_kernels q3_kernels_scalar = {Q3_MR, gemv, micro, 0, NULL, NULL, dot, axpy, scale};

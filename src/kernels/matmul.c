@@ -83,6 +83,11 @@ static void run_panel(const q3_mm_job *jb, int r0) {
         g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr);
         return;
     }
+    if (jb->T <= g_k->small_t && g_k->gemm_small && !q3_dtype_is_mx(W->dtype) && cs_of(W) == 1 && K % 16 == 0 &&
+        nr % 2 == 0) {
+        g_k->gemm_small(jb->out, jb->ldo, jb->x, jb->ldx, jb->T, W, r0, r0 + nr);
+        return;
+    }
     for (int k0 = 0; k0 < K; k0 += Q3_KC) {
         const int kc = K - k0 < Q3_KC ? K - k0 : Q3_KC;
         if (g_k->pack && cs_of(W) == 1 && nr == Q3_NR && kc % 8 == 0) g_k->pack(Bp, W, r0, nr, k0, kc);

@@ -81,6 +81,10 @@ static void test_matmul(void) {
         check_matmul(Q3_BF16, 3, 128, 100);
         check_matmul(Q3_F16, 17, 33, 257);
         check_matmul(Q3_F32, 7, 16, 300);
+        check_matmul(Q3_BF16, 5, 64, 256); /* few-token kernel, no packing */
+        check_matmul(Q3_F16, 16, 34, 512);
+        check_matmul(Q3_F32, 2, 18, 32);
+        check_matmul(Q3_BF16, 13, 33, 64); /* odd row count: packed path */
         check_matmul(Q3_BF16, 40, 300, 512); /* big enough to run multi-threaded */
     }
     q3_kernels_force(Q3_ISA_AVX512);
