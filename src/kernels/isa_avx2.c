@@ -262,16 +262,17 @@ static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C,
     if (mt == Q3_MR) {
         micro_full(A, lda, Bp, kc, c);
     } else {
-        /* Tail tiles: same per-element FMA sequence as the full tile. */
-        for (int t = 0; t < mt; t++) {
-            __m256 x0 = c[t][0], x1 = c[t][1];
-            const float *at = A + t * lda;
-            for (int k = 0; k < kc; k++) {
-                __m256 a = _mm256_broadcast_ss(at + k);
-                x0 = _mm256_fmadd_ps(a, _mm256_load_ps(Bp + k * Q3_NR), x0);
-                x1 = _mm256_fmadd_ps(a, _mm256_load_ps(Bp + k * Q3_NR + 8), x1);
-            }
-            c[t][0] = x0, c[t][1] = x1;
+        /* Tail tiles: same per-element FMA sequence as the full tile, with the
+         * rows interleaved so their FMA chains overlap. */
+        for (int k = 0; k < kc; k++) {
+            const __m256 b0 = _mm256_load_ps(Bp + k * Q3_NR), b1 = _mm256_load_ps(Bp + k * Q3_NR + 8);
+#pragma GCC unroll 6
+            for (int t = 0; t < Q3_MR; t++)
+                if (t < mt) {
+                    const __m256 a = _mm256_broadcast_ss(A + t * lda + k);
+                    c[t][0] = _mm256_fmadd_ps(a, b0, c[t][0]);
+                    c[t][1] = _mm256_fmadd_ps(a, b1, c[t][1]);
+                }
         }
     }
     for (int t = 0; t < mt; t++) {

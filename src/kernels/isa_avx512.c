@@ -130,12 +130,13 @@ static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C,
     if (mt == MR512) {
         micro_full(A, lda, Bp, kc, c);
     } else {
-        /* Tail tiles: the same per-element FMA sequence as the full tile. */
-        for (int t = 0; t < mt; t++) {
-            __m512 x = c[t];
-            const float *at = A + t * lda;
-            for (int k = 0; k < kc; k++) x = _mm512_fmadd_ps(_mm512_set1_ps(at[k]), _mm512_load_ps(Bp + k * Q3_NR), x);
-            c[t] = x;
+        /* Tail tiles: the same per-element FMA sequence as the full tile, with
+         * the rows interleaved so their FMA chains overlap. */
+        for (int k = 0; k < kc; k++) {
+            const __m512 b = _mm512_load_ps(Bp + k * Q3_NR);
+#pragma GCC unroll 14
+            for (int t = 0; t < MR512; t++)
+                if (t < mt) c[t] = _mm512_fmadd_ps(_mm512_set1_ps(A[t * lda + k]), b, c[t]);
         }
     }
     for (int t = 0; t < mt; t++) _mm512_mask_storeu_ps(C + t * ldc, m, c[t]);
