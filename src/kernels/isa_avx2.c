@@ -119,6 +119,26 @@ static void gemv_mx(float *out, const float *x, const q3_mat *W, int r0, int r1)
     }
 }
 
+/* W[r, k0 .. k0+n) of an MX matrix to fp32; k0 and n multiples of 32. */
+static void mx_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
+    pthread_once(&g_mx_once, mx_tables);
+    const int nb = W->cols / 32, fp4 = W->dtype == Q3_MXFP4;
+    const float *stab = fp4 ? g_fp4_scale : g_fp8_scale;
+    const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (fp4 ? (size_t)W->cols / 2 : (size_t)W->cols);
+    const uint8_t *sc = W->scales + (size_t)r * nb;
+    for (int k = 0; k < n; k += 32) {
+        const int b = (k0 + k) / 32;
+        const __m256 scale = _mm256_set1_ps(stab[sc[b]]);
+        __m256 e[4];
+        if (fp4) e2m1x32(el + (size_t)b * 16, e);
+        else {
+            const uint8_t *p = el + (size_t)b * 32;
+            e[0] = e4m3x8(p), e[1] = e4m3x8(p + 8), e[2] = e4m3x8(p + 16), e[3] = e4m3x8(p + 24);
+        }
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + k + 8 * i, _mm256_mul_ps(e[i], scale));
+    }
+}
+
 static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     if (q3_dtype_is_mx(W->dtype) && W->cs <= 1 && W->cols % 32 == 0) {
         gemv_mx(out, x, W, r0, r1);
@@ -214,8 +234,26 @@ INLINE void pack_t(float *Bp, const q3_mat *W, int r0, int k0, int kc, q3_dtype 
         }
 }
 
+/* MX panels: decode each row's segment, then transpose like the others. */
+static void pack_mx(float *Bp, const q3_mat *W, int r0, int k0, int kc) {
+    float rows[8][Q3_KC] __attribute__((aligned(32)));
+    for (int jb = 0; jb < Q3_NR; jb += 8) {
+        for (int j = 0; j < 8; j++) mx_row_f32(W, r0 + jb + j, k0, kc, rows[j]);
+        for (int k = 0; k < kc; k += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++) r[j] = _mm256_load_ps(rows[j] + k);
+            transpose8(r);
+            for (int i = 0; i < 8; i++) _mm256_store_ps(Bp + (size_t)(k + i) * Q3_NR + jb, r[i]);
+        }
+    }
+}
+
 static void pack(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
-    (void)nr;
+    if (q3_dtype_is_mx(W->dtype)) {
+        if (W->cols % 32 == 0 && k0 % 32 == 0 && kc % 32 == 0) pack_mx(Bp, W, r0, k0, kc);
+        else q3_pack_panel(Bp, W, r0, nr, k0, kc);
+        return;
+    }
     switch (W->dtype) {
     case Q3_BF16: pack_t(Bp, W, r0, k0, kc, Q3_BF16); break;
     case Q3_F16: pack_t(Bp, W, r0, k0, kc, Q3_F16); break;
