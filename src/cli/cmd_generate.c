@@ -7,9 +7,11 @@
 #include "cli/chat_format.h"
 #include "cli/commands.h"
 #include "cli/common_opts.h"
+#include "cli/par.h"
 #include "cli/session.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "parallel/comm.h"
 
 #define MAX_STOPS 16
 
@@ -27,6 +29,9 @@ static void usage(FILE *f) {
                "  --ignore-eos         keep going past end-of-turn tokens\n"
                "  --print-ids          print the generated ids as a JSON array instead of text\n");
     common_opts_help(f);
+    fprintf(f, "\nUnder mpirun -np P the model is split over the P ranks as the plan says; rank 0 prints.\n"
+               "Every rank samples the same token from the gathered logits (same seed).\n");
+    par_opts_help(f);
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -35,13 +40,18 @@ int cmd_generate(int argc, char **argv) {
     const char *prompt = NULL, *prompt_file = NULL, *ids_s = NULL, *system = NULL, *stops[MAX_STOPS];
     long n_new = 256;
     int chat = 0, no_think = 0, ignore_eos = 0, print_ids = 0, n_stops = 0;
+    par_opts po;
+    par_opts_init(&po, argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        int r = common_opts_parse(&co, argc, argv, &i);
+        int r = par_opts_parse(&po, "generate", &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        r = common_opts_parse(&co, argc, argv, &i);
         if (r < 0) return 2;
         if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
+            if (po.rank == 0) usage(stdout);
             return 0;
         } else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--no-think")) no_think = 1;
@@ -64,16 +74,22 @@ int cmd_generate(int argc, char **argv) {
             }
         } else return arg_unknown("generate", a);
     }
-    if (!co.model_dir || (!!prompt + !!prompt_file + !!ids_s) != 1) {
-        fprintf(stderr, "q3moe generate: error: need -m DIR and exactly one of -p TEXT, -f FILE, --ids LIST\n");
-        usage(stderr);
+    if ((!co.model_dir && !po.config) || (!!prompt + !!prompt_file + !!ids_s) != 1) {
+        if (po.rank == 0) {
+            fprintf(stderr, "q3moe generate: error: need -m DIR and exactly one of -p TEXT, -f FILE, --ids LIST\n");
+            usage(stderr);
+        }
         return 2;
     }
     if (ids_s && chat) {
-        fprintf(stderr, "q3moe generate: error: --chat needs a text prompt (-p or -f), not --ids\n");
+        if (po.rank == 0) fprintf(stderr, "q3moe generate: error: --chat needs a text prompt (-p or -f), not --ids\n");
         return 2;
     }
+    int prc = par_setup(&po, "generate", &co.model_dir, co.quant);
+    if (prc) return prc;
     common_opts_finish(&co);
+    /* Every rank samples the same token: they need the same seed. */
+    if (po.world > 1) q3_comm_broadcast_bytes(q3_comm_world(), &co.sp.seed, sizeof co.sp.seed, 0);
 
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -84,8 +100,8 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     q3_session s;
-    if (session_open(&s, co.model_dir, (int)co.ctx, (int)co.threads, ids == NULL)) {
-        q3_print_error();
+    if (session_open_plan(&s, co.model_dir, (int)co.ctx, (int)co.threads, ids == NULL, par_plan(&po))) {
+        par_fail(&po, "generate");
         free(ids);
         free(file_text);
         return 1;
@@ -103,13 +119,17 @@ int cmd_generate(int argc, char **argv) {
         smp = q3_sampler_new(&co.sp, s.model.cfg.vocab_size);
         if (!smp) rc = -1;
     }
+    /* Only rank 0 writes stdout; the others stream into /dev/null. */
+    FILE *sink = po.rank == 0 ? stdout : fopen("/dev/null", "w");
+    if (rc == 0 && !sink) rc = q3_err("cannot open /dev/null");
     if (rc == 0) {
         gen_options o = {.max_new = (int)n_new, .ignore_eos = ignore_eos, .print_ids = print_ids, .stops = stops,
-                         .n_stops = n_stops, .out = stdout};
+                         .n_stops = n_stops, .out = sink};
         rc = gen_run(&s, smp, ids, n_ids, &o, &st);
     }
-    if (rc) q3_print_error();
-    else gen_print_stats(&st);
+    if (sink && sink != stdout) fclose(sink);
+    if (rc) par_fail(&po, "generate");
+    else if (po.rank == 0) gen_print_stats(&st);
     if (smp) q3_sampler_free(smp);
     free(ids);
     free(text);

@@ -6,10 +6,12 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/par.h"
 #include "cli/session.h"
 #include "quant/cache.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "parallel/comm.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -23,19 +25,29 @@ static void usage(FILE *f) {
             "  -o FILE        output file (refuses to overwrite an existing file unless --force)\n"
             "  --prefill K    ids in the prefill call, 1..n (default n)\n"
             "  --ctx N        KV cache size in tokens (default min(max_position_embeddings, 4096))\n"
-            "  -t THREADS     worker threads (default: all cores)\n");
+            "  -t THREADS     worker threads (default: all cores)\n"
+            "  --comm-stats   print this rank's communication counters (rank 0, stderr) at the end\n\n"
+            "Under mpirun -np P the model is split over the P ranks as the plan says; only rank 0\n"
+            "writes FILE.\n");
+    par_opts_help(f);
 }
 
 int cmd_logits(int argc, char **argv) {
     const char *dir = NULL, *out = NULL, *ids_s = NULL, *quant = NULL;
     long prefill = -1, ctx = 0, threads = 0;
-    int force = 0;
+    int force = 0, comm_stats = 0;
+    par_opts po;
+    par_opts_init(&po, argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int pr = par_opts_parse(&po, "logits", &i);
+        if (pr < 0) return 2;
+        if (pr > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
+            if (po.rank == 0) usage(stdout);
             return 0;
         } else if (!strcmp(a, "--force")) force = 1;
+        else if (!strcmp(a, "--comm-stats")) comm_stats = 1;
         else if (!strcmp(a, "-m") || !strcmp(a, "-o") || !strcmp(a, "--ids") || !strcmp(a, "--prefill") ||
                  !strcmp(a, "--ctx") || !strcmp(a, "-t") || !strcmp(a, "--quant")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;
@@ -48,9 +60,11 @@ int cmd_logits(int argc, char **argv) {
             else if (!strcmp(a, "-t") && arg_int(a, v, 1, 1024, &threads)) return 2;
         } else return arg_unknown("logits", a);
     }
-    if (!dir || !out || !ids_s) {
-        fprintf(stderr, "q3moe logits: error: -m DIR, --ids LIST and -o FILE are required\n");
-        usage(stderr);
+    if ((!dir && !po.config) || !out || !ids_s) {
+        if (po.rank == 0) {
+            fprintf(stderr, "q3moe logits: error: -m DIR, --ids LIST and -o FILE are required\n");
+            usage(stderr);
+        }
         return 2;
     }
     int32_t *ids;
@@ -62,10 +76,17 @@ int cmd_logits(int argc, char **argv) {
         return 2;
     }
     if (prefill < 0) prefill = (long)n;
-    if (!force && q3_file_exists(out)) {
-        fprintf(stderr, "q3moe logits: error: %s exists; pass --force to overwrite it\n", out);
+    /* Only rank 0 writes the file, so only rank 0 checks it. */
+    if (po.rank == 0 && !force && q3_file_exists(out)) {
+        q3_err("%s exists; pass --force to overwrite it", out);
+        par_fail(&po, "logits");
         free(ids);
         return 1;
+    }
+    int prc = par_setup(&po, "logits", &dir, quant);
+    if (prc) {
+        free(ids);
+        return prc;
     }
     char *path;
     if (q3_resolve_model(dir, quant, &path)) {
@@ -74,10 +95,10 @@ int cmd_logits(int argc, char **argv) {
         return 1;
     }
     q3_session s;
-    int open_rc = session_open(&s, path, (int)ctx, (int)threads, 0);
+    int open_rc = session_open_plan(&s, path, (int)ctx, (int)threads, 0, par_plan(&po));
     free(path);
     if (open_rc) {
-        q3_print_error();
+        par_fail(&po, "logits");
         free(ids);
         return 1;
     }
@@ -85,7 +106,9 @@ int cmd_logits(int argc, char **argv) {
     float *rows = q3_malloc(n * V * sizeof(float));
     int rc = q3_forward(&s.model, &s.state, ids, (int)prefill, rows, 1);
     for (size_t i = (size_t)prefill; rc == 0 && i < n; i++) rc = q3_forward(&s.model, &s.state, ids + i, 1, rows + i * V, 0);
-    if (rc == 0) {
+    if (rc && po.world > 1) par_fail(&po, "logits");
+    if (rc == 0 && comm_stats && po.rank == 0) q3_comm_stats_print(stderr);
+    if (rc == 0 && po.rank == 0) {
         FILE *f = fopen(out, "wb");
         if (!f) rc = q3_err("cannot create %s", out);
         else {

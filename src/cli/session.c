@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/shard.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -15,9 +16,17 @@ static double now_ms(void) {
 }
 
 int session_open(q3_session *s, const char *dir, int ctx, int n_threads, int need_tokenizer) {
+    return session_open_plan(s, dir, ctx, n_threads, need_tokenizer, NULL);
+}
+
+int session_open_plan(q3_session *s, const char *dir, int ctx, int n_threads, int need_tokenizer, const q3_plan *plan) {
     memset(s, 0, sizeof *s);
     if (n_threads > 0) omp_set_num_threads(n_threads);
     if (q3_model_load(&s->model, dir)) return -1;
+    if (plan && q3_shard_apply(&s->model, plan)) {
+        q3_model_free(&s->model);
+        return -1;
+    }
     const q3_config *c = &s->model.cfg;
     const q3m_file *pk = s->model.q3m;
     char *tp = pk ? q3_malloc(strlen(dir) + 32) : q3_path_join(dir, "tokenizer.json");

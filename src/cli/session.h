@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "model/forward.h"
+#include "parallel/plan.h"
 #include "sample/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,6 +23,9 @@ typedef struct {
 
 /* need_tokenizer: fail when tokenizer.json is absent or does not fit the vocab. */
 int session_open(q3_session *s, const char *dir, int ctx, int n_threads, int need_tokenizer);
+/* The same for one rank of a multi-rank job: plan (validated, or NULL for
+ * one rank) gives this rank's share of the weights (model/shard.h). */
+int session_open_plan(q3_session *s, const char *dir, int ctx, int n_threads, int need_tokenizer, const q3_plan *plan);
 void session_close(q3_session *s);
 /* Encode text with the checkpoint's tokenizer (error when it has none). */
 int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n);

@@ -1,7 +1,9 @@
 /* Qwen3-MoE forward pass, top to bottom: embed; per layer attention
  * (q/k/v projections, per-head q/k RMSNorm, RoPE, causal GQA attention over
  * the KV cache, o_proj) and MLP (dense SwiGLU or routed experts) with
- * residuals; final norm; lm_head. */
+ * residuals; final norm; lm_head. On one rank of a multi-rank job
+ * (m->shard, model/shard.h) the same pass runs on the rank's heads, columns,
+ * experts and vocab rows, with the collectives that complete each sum. */
 #include "model/forward.h"
 
 #include <math.h>
@@ -11,10 +13,17 @@
 
 #include "kernels/attention.h"
 #include "model/moe.h"
+#include "model/shard.h"
+#include "parallel/comm.h"
 #include "quant/mx.h"
 #include "util/error.h"
 
 #define FALLOC(n) ((float *)q3_calloc((size_t)(n), sizeof(float)))
+
+/* Heads and columns this rank holds (everything without a shard). */
+static int local_heads(const q3_model *m) { return m->shard ? m->shard->nq : m->cfg.num_heads; }
+static int local_kv_heads(const q3_model *m) { return m->shard ? m->shard->nkv : m->cfg.num_kv_heads; }
+static int local_dense_f(const q3_model *m) { return m->shard ? m->shard->dense_f : m->cfg.intermediate_size; }
 
 int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
     const q3_config *c = &m->cfg;
@@ -28,7 +37,7 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
     s->ctx = ctx;
     s->max_batch = max_batch;
     s->n_threads = omp_get_max_threads();
-    const int H = c->hidden_size, D = c->head_dim, KVD = c->num_kv_heads * D, QD = c->num_heads * D;
+    const int H = c->hidden_size, D = c->head_dim, KVD = local_kv_heads(m) * D, QD = local_heads(m) * D;
     size_t kv = (size_t)c->num_layers * ctx * KVD;
     s->k_cache = FALLOC(kv);
     s->v_cache = FALLOC(kv);
@@ -48,13 +57,19 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
     s->att = FALLOC((size_t)max_batch * QD);
     s->k = FALLOC((size_t)max_batch * KVD);
     s->v = FALLOC((size_t)max_batch * KVD);
-    s->scores = FALLOC(q3_attention_scratch(c->num_heads, D, ctx));
+    s->scores = FALLOC(q3_attention_scratch(local_heads(m), D, ctx));
     if (c->intermediate_size > 0) {
-        s->ffn_gate = FALLOC((size_t)max_batch * c->intermediate_size);
-        s->ffn_up = FALLOC((size_t)max_batch * c->intermediate_size);
+        s->ffn_gate = FALLOC((size_t)max_batch * local_dense_f(m));
+        s->ffn_up = FALLOC((size_t)max_batch * local_dense_f(m));
+    }
+    if (m->shard && m->shard->vocab_n < c->vocab_size) {
+        s->lm_rows = max_batch < Q3_LM_ROWS ? max_batch : Q3_LM_ROWS;
+        s->lm_local = FALLOC((size_t)s->lm_rows * m->shard->vocab_n);
+        s->lm_gather = FALLOC((size_t)s->lm_rows * c->vocab_size);
     }
     if (c->is_moe) {
-        const int E = c->num_experts, K = c->num_experts_per_tok, F = c->moe_intermediate_size;
+        const int E = c->num_experts, K = c->num_experts_per_tok;
+        const int F = m->shard ? m->shard->moe_f : c->moe_intermediate_size;
         size_t pairs = (size_t)max_batch * K;
         s->router = FALLOC((size_t)max_batch * E);
         s->topk_id = q3_calloc(pairs, sizeof(int32_t));
@@ -68,13 +83,23 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
         s->h_gate = FALLOC(pairs * F);
         s->h_up = FALLOC(pairs * F);
         s->moe_jobs = q3_calloc(2 * (size_t)E, sizeof(q3_mm_job));
+        if (m->shard && m->shard->plan.ep_comm == Q3_EP_COMM_ALLTOALL && m->shard->plan.moe_ep_size > 1) {
+            const int EP = m->shard->plan.moe_ep_size;
+            size_t a = pairs * (size_t)(H + 1), b = ((size_t)max_batch + (size_t)EP) * H;
+            s->a2a_send = FALLOC(a > b ? a : b);
+            s->a2a_recv = FALLOC(a > b ? a : b);
+            s->a2a_pos = q3_calloc(pairs, sizeof(int32_t));
+            s->a2a_expert = q3_calloc(pairs, sizeof(int32_t));
+            s->a2a_counts = q3_calloc(4 * (size_t)EP, sizeof(size_t));
+        }
     }
     return 0;
 }
 
 void q3_state_free(q3_state *s) {
     float *f[] = {s->k_cache, s->v_cache, s->rope_cos, s->rope_sin, s->x, s->xn, s->proj, s->q, s->att, s->k, s->v,
-                  s->scores, s->ffn_gate, s->ffn_up, s->router, s->topk_w, s->xg, s->h_out, s->h_gate, s->h_up};
+                  s->scores, s->ffn_gate, s->ffn_up, s->router, s->topk_w, s->xg, s->h_out, s->h_gate, s->h_up,
+                  s->lm_local, s->lm_gather, s->a2a_send, s->a2a_recv};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
     free(s->topk_id);
     free(s->expert_count);
@@ -82,6 +107,9 @@ void q3_state_free(q3_state *s) {
     free(s->perm);
     free(s->perm_inv);
     free(s->moe_jobs);
+    free(s->a2a_pos);
+    free(s->a2a_expert);
+    free(s->a2a_counts);
     memset(s, 0, sizeof *s);
 }
 
@@ -98,7 +126,8 @@ void q3_act_quant(const q3_model *m, const q3_mat *W, float *x, int rows, size_t
 static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int T) {
     const q3_config *c = &m->cfg;
     const q3_layer *L = &m->layers[l];
-    const int H = c->hidden_size, D = c->head_dim, KVD = c->num_kv_heads * D, QD = c->num_heads * D;
+    const int H = c->hidden_size, D = c->head_dim, NQ = local_heads(m), NKV = local_kv_heads(m);
+    const int KVD = NKV * D, QD = NQ * D;
     for (int t = 0; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, c->rms_norm_eps);
     q3_act_quant(m, &L->wq, s->xn, T, (size_t)H);
     /* Merged QKV: one parallel pass over the rows of all three projections. */
@@ -108,12 +137,12 @@ static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int
     q3_matmul_jobs(qkv, 3);
     for (int t = 0; t < T; t++) {
         const float *cs = s->rope_cos + (size_t)(pos0 + t) * D / 2, *sn = s->rope_sin + (size_t)(pos0 + t) * D / 2;
-        for (int h = 0; h < c->num_heads; h++) {
+        for (int h = 0; h < NQ; h++) {
             float *q = s->q + (size_t)t * QD + (size_t)h * D;
             q3_rmsnorm(q, q, L->q_norm, D, c->rms_norm_eps);
             q3_rope(q, cs, sn, D);
         }
-        for (int h = 0; h < c->num_kv_heads; h++) {
+        for (int h = 0; h < NKV; h++) {
             float *k = s->k + (size_t)t * KVD + (size_t)h * D;
             q3_rmsnorm(k, k, L->k_norm, D, c->rms_norm_eps);
             q3_rope(k, cs, sn, D);
@@ -122,16 +151,19 @@ static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int
         memcpy(s->k_cache + slot, s->k + (size_t)t * KVD, (size_t)KVD * sizeof(float));
         memcpy(s->v_cache + slot, s->v + (size_t)t * KVD, (size_t)KVD * sizeof(float));
     }
-    const q3_attn_layer al = {c->num_heads, c->num_kv_heads, D, (size_t)KVD, s->k_cache + (size_t)l * s->ctx * KVD,
+    const q3_attn_layer al = {NQ, NKV, D, (size_t)KVD, s->k_cache + (size_t)l * s->ctx * KVD,
                               s->v_cache + (size_t)l * s->ctx * KVD};
     q3_attention(s->att, s->q, T, pos0, &al, s->scores);
     q3_act_quant(m, &L->wo, s->att, T, (size_t)QD);
     q3_matmul(s->proj, s->att, T, &L->wo); /* added to x by mlp_block's fused add + norm */
+    /* Attention TP: each rank's o_proj saw only its heads' columns; the
+     * partial products sum to the full projection. */
+    if (m->shard) q3_shard_allreduce(m->shard->g.attn_tp, s->proj, (size_t)T * H);
 }
 
 static void dense_mlp(const q3_model *m, const q3_layer *L, q3_state *s, int T) {
     const q3_config *c = &m->cfg;
-    const int H = c->hidden_size, F = c->intermediate_size;
+    const int H = c->hidden_size, F = local_dense_f(m);
     q3_act_quant(m, &L->ffn_gate, s->xn, T, (size_t)H);
     const q3_mm_job w13[2] = {{s->ffn_gate, (size_t)F, s->xn, (size_t)H, T, &L->ffn_gate},
                               {s->ffn_up, (size_t)F, s->xn, (size_t)H, T, &L->ffn_up}};
@@ -139,6 +171,8 @@ static void dense_mlp(const q3_model *m, const q3_layer *L, q3_state *s, int T) 
     q3_swiglu(s->ffn_gate, s->ffn_gate, s->ffn_up, T * F);
     q3_act_quant(m, &L->ffn_down, s->ffn_gate, T, (size_t)F);
     q3_matmul(s->proj, s->ffn_gate, T, &L->ffn_down);
+    /* Dense MLP split over the attn_tp group: rows of gate/up, columns of down. */
+    if (m->shard) q3_shard_allreduce(m->shard->g.attn_tp, s->proj, (size_t)T * H);
     for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];
 }
 
@@ -166,7 +200,27 @@ static void forward_chunk(const q3_model *m, q3_state *s, const int32_t *ids, in
     /* Only the rows somebody asked for go through the final norm and lm_head. */
     int first = all_rows ? 0 : T - 1;
     for (int t = first; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, m->final_norm, H, c->rms_norm_eps);
-    q3_matmul(logits, s->xn + (size_t)first * H, T - first, &m->lm_head);
+    if (!s->lm_local) {
+        q3_matmul(logits, s->xn + (size_t)first * H, T - first, &m->lm_head);
+        return;
+    }
+    /* lm_head TP: this rank's vocab rows for up to lm_rows tokens at a time,
+     * then an allgather over the lmhead group: block l of the result holds
+     * rank l's rows x its slice, transposed here into whole rows. */
+    const int V = c->vocab_size, Vl = m->shard->vocab_n, Lg = V / Vl;
+    for (int t0 = first; t0 < T; t0 += s->lm_rows) {
+        const int R = T - t0 < s->lm_rows ? T - t0 : s->lm_rows;
+        float *out = logits + (size_t)(t0 - first) * V;
+        q3_matmul(s->lm_local, s->xn + (size_t)t0 * H, R, &m->lm_head);
+        if (R == 1) {
+            q3_comm_allgather(m->shard->g.lmhead, s->lm_local, (size_t)Vl, out);
+            continue;
+        }
+        q3_comm_allgather(m->shard->g.lmhead, s->lm_local, (size_t)R * Vl, s->lm_gather);
+        for (int l = 0; l < Lg; l++)
+            for (int r = 0; r < R; r++)
+                memcpy(out + (size_t)r * V + (size_t)l * Vl, s->lm_gather + ((size_t)l * R + r) * Vl, (size_t)Vl * sizeof(float));
+    }
 }
 
 int q3_forward(const q3_model *m, q3_state *s, const int32_t *ids, int n, float *logits, int all_rows) {
@@ -184,6 +238,7 @@ int q3_forward(const q3_model *m, q3_state *s, const int32_t *ids, int n, float 
         float *out = NULL;
         if (logits && all_rows) out = logits + (size_t)done * c->vocab_size;
         else if (logits && last) out = logits;
+        if (m->shard) (void)q3_comm_set_phase(T > 1 ? "prefill" : "decode");
         forward_chunk(m, s, ids + done, T, out, all_rows);
         done += T;
     }

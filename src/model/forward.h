@@ -13,7 +13,7 @@ typedef struct {
     int max_batch;    /* tokens per forward chunk (longer prompts are chunked) */
     int pos;          /* tokens already in the cache */
     int n_threads;
-    float *k_cache, *v_cache;     /* [layers][ctx][kv_heads * head_dim] */
+    float *k_cache, *v_cache;     /* [layers][ctx][kv_heads * head_dim], this rank's KV heads only */
     float *rope_cos, *rope_sin;   /* [ctx][head_dim / 2] */
     /* activations for up to max_batch tokens */
     float *x, *xn, *q, *k, *v, *att, *proj;
@@ -28,10 +28,21 @@ typedef struct {
     float *xg, *h_gate, *h_up, *h_out; /* gathered rows per expert */
     q3_mm_job *moe_jobs;          /* [2 * num_experts] */
     float *ffn_gate, *ffn_up;     /* dense MLP */
+    /* lm_head TP (model/shard.h): this rank's vocab slice for up to lm_rows
+     * tokens, and the gathered blocks; NULL without a vocab split. */
+    int lm_rows;
+    float *lm_local, *lm_gather;
+    /* MoE EP over AlltoAll (model/moe.c; only when the plan asks for it). */
+    float *a2a_send, *a2a_recv;
+    int32_t *a2a_pos;             /* own (token, slot) pair -> packed dispatch row */
+    int32_t *a2a_expert;          /* received row -> expert */
+    size_t *a2a_counts;           /* [4 * moe_ep_size] */
     /* Optional instrumentation (NULL unless the caller allocates it):
      * tokens routed to each expert, [layers][num_experts], accumulated. */
     uint64_t *expert_hits;
 } q3_state;
+
+#define Q3_LM_ROWS 16
 
 /* ctx <= 0 picks min(max_position_embeddings, 4096). */
 int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch);

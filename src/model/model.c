@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/shard.h"
 #include "util/error.h"
 
 static const q3_st_tensor *need(const q3_model *m, const char *name, int64_t d0, int64_t d1) {
@@ -177,6 +178,7 @@ int q3_model_load(q3_model *m, const char *path) {
 }
 
 void q3_model_free(q3_model *m) {
+    q3_shard_free(m);
     if (m->layers)
         for (int l = 0; l < m->cfg.num_layers; l++) {
             q3_layer *L = &m->layers[l];

@@ -10,6 +10,8 @@
 #include "model/config.h"
 #include "quant/scheme.h"
 
+struct q3_shard; /* model/shard.h */
+
 typedef struct {
     q3_mat wq, wk, wv, wo;
     float *q_norm, *k_norm;       /* [head_dim] */
@@ -31,6 +33,9 @@ typedef struct {
      * inputs ({BF16, BF16, 0} for a Hugging Face directory). */
     q3_quant_scheme scheme;
     q3m_file *q3m;                /* the packed file, when loaded from one (else NULL) */
+    /* This rank's share in a multi-rank job (model/shard.h); NULL: one rank
+     * holding the whole model. */
+    struct q3_shard *shard;
 } q3_model;
 
 /* Load a model from `path`: a Hugging Face checkpoint directory (config.json

@@ -50,8 +50,12 @@ void q3_unmap_file(q3_mapped_file *f) {
 #define MADV_POPULATE_READ 22
 #endif
 
+static int g_prefault_off = 0;
+
+void q3_prefault_disable(void) { g_prefault_off = 1; }
+
 void q3_prefault(const q3_mapped_file *f) {
-    if (!f->data || !f->size) return;
+    if (g_prefault_off || !f->data || !f->size) return;
     if (madvise((void *)f->data, f->size, MADV_POPULATE_READ) != 0) /* kernels before 5.14 */
         (void)madvise((void *)f->data, f->size, MADV_WILLNEED);
 }

@@ -16,6 +16,9 @@ void q3_unmap_file(q3_mapped_file *f);
 /* Map every page of the file now (from the page cache, reading what is
  * missing) so that later accesses take no page faults. Best effort. */
 void q3_prefault(const q3_mapped_file *f);
+/* Make q3_prefault a no-op from now on (a rank of a multi-rank job touches
+ * only its own slices of the weights). */
+void q3_prefault_disable(void);
 /* Bytes of memory the kernel reports as available (MemAvailable), or 0. */
 size_t q3_mem_available(void);
 

@@ -1,0 +1,289 @@
+"""Many ranks over MPI: `mpirun -np P q3moe logits|generate --config X.yaml`
+against the single-rank run on small synthesized checkpoints.
+
+For each plan (attention TP 2 and 4 with KV-head replication, MoE TP,
+MoE EP 2 and 4, lm_head TP, dense-MLP split, a combined YAML plan, MX
+weights from a .q3m):
+- `logits` with the whole prompt in one prefill, with --prefill 1 (every
+  token a decode step) and with one final decode step, max|delta| <=
+  1e-4 * max(1, max|logit|) against the single-rank logits; the prompt
+  length (11) is not a multiple of any rank count;
+- the comm byte counters of that one decode step (`--comm-stats`, rank 0)
+  equal the analytic link bytes (src/parallel/comm.h) of the collectives
+  one decode token needs: per layer an allreduce of H fp32 over the
+  attn_tp group after attention, one over the world after a MoE layer (or
+  over attn_tp after a dense MLP), and an allgather of V/L fp32 over the
+  lmhead group;
+- greedy `generate` ids identical to the single rank's.
+Bad plans are refused before any weight is read (checked on a directory
+holding only config.json), naming the key, with a non-zero mpirun status.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+Q3MOE = os.environ.get("Q3MOE", str(REPO / "build" / "q3moe"))
+JOB_TIMEOUT_S = 60
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_mpi_yield_when_idle": "1"}
+IDS = [5, 17, 900, 3, 44, 12, 7, 1000, 256, 31, 8]   # 11: no rank count divides it
+VOCAB = 1024
+
+MODELS = {
+    # all-MoE tiny: 8 heads / 4 KV heads, 16 experts top-4, H 256
+    "moe": ["--preset", "tiny", "--layers", "2", "--vocab", str(VOCAB)],
+    # 8 heads / 2 KV heads (attn_tp 4 replicates each KV head on 2 ranks),
+    # layer 1 a dense MLP
+    "kv2_mixed": ["--preset", "tiny", "--layers", "2", "--vocab", str(VOCAB), "--heads", "8", "--kv-heads", "2",
+                  "--head-dim", "32", "--mlp-only-layers", "1"],
+    # dense Qwen3
+    "dense": ["--preset", "tiny-dense", "--layers", "2", "--vocab", str(VOCAB)],
+}
+
+# name: (model, ranks, plan flags or {"yaml": parallel_config}, check greedy generate)
+CASES = {
+    "attn_tp2": ("moe", 2, ["--attn-tp", "2", "--lmhead-tp", "1"], True),
+    "attn_tp4_kv_replicated": ("kv2_mixed", 4, ["--attn-tp", "4", "--lmhead-tp", "1"], True),
+    "moe_tp2": ("moe", 2, ["--attn-tp", "1", "--moe-tp", "2", "--lmhead-tp", "1"], False),
+    "moe_ep2": ("moe", 2, ["--attn-tp", "1", "--moe-ep", "2", "--lmhead-tp", "1"], False),
+    "moe_ep4": ("moe", 4, ["--attn-tp", "1", "--moe-ep", "4", "--lmhead-tp", "1"], True),
+    "lmhead_tp2": ("moe", 2, ["--attn-tp", "1", "--moe-ep", "2", "--lmhead-tp", "2"], False),
+    "dense_attn_tp2": ("dense", 2, ["--attn-tp", "2"], True),
+    "combined_yaml": ("kv2_mixed", 4, {"yaml": {"attn_tp_size": 2, "moe_ep_size": 2, "moe_tp_size": 2,
+                                                "lmhead_tp_size": 4}}, True),
+    "mx_q3m": ("kv2_mixed.q3m", 2, ["--attn-tp", "2", "--moe-tp", "2"], False),
+    # EP over AlltoAll (dispatch / combine alltoallv, then an allgather of the token shares)
+    "moe_ep2_alltoall": ("moe", 2, ["--moe-ep", "2", "--moe-ep-comm", "alltoall"], True),
+    "moe_ep4_alltoall": ("kv2_mixed", 4, ["--moe-ep", "4", "--moe-ep-comm", "alltoall", "--lmhead-tp", "2"], False),
+    "ep2_tp2_alltoall_yaml": ("moe", 4, {"yaml": {"attn_tp_size": 2, "moe_ep_size": 2, "moe_tp_size": 2,
+                                                  "moe_ep_comm": "alltoall"}}, True),
+}
+
+
+def mpirun():
+    m = shutil.which("mpirun")
+    if not m:
+        pytest.fail("mpirun not found: install OpenMPI (tools/setup.sh does it)")
+    return m
+
+
+def run(cmd, ok=True, timeout=JOB_TIMEOUT_S):
+    cmd = [str(c) for c in cmd]
+    env = dict(os.environ)
+    env.update(MPI_ENV)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s (hang)\n{err.decode(errors='replace')[-3000:]}")
+    out, err = out.decode(errors="replace"), err.decode(errors="replace")
+    if ok:
+        assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-4000:]}"
+    return proc.returncode, out, err
+
+
+def mpi(np_, args):
+    return [mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", np_, Q3MOE] + list(args)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    if not os.access(Q3MOE, os.X_OK):
+        pytest.fail(f"no q3moe binary at {Q3MOE} (run make, or set Q3MOE)")
+    root = tmp_path_factory.mktemp("par")
+    paths = {}
+    for i, (name, flags) in enumerate(sorted(MODELS.items())):
+        d = root / name
+        run([Q3MOE, "synth", "-o", d, "--tokenizer", "none", "--seed", 11 + i] + flags)
+        paths[name] = d
+    q = root / "kv2_mixed.q3m"
+    run([Q3MOE, "convert", "-m", paths["kv2_mixed"], "-o", q])   # W4A8: MX column slices on each rank
+    paths["kv2_mixed.q3m"] = q
+    return root, paths
+
+
+def plan_args(case, tmp):
+    plan = CASES[case][2]
+    if isinstance(plan, dict):
+        y = tmp / f"{case}.yaml"
+        y.write_text("parallel_config:\n" + "".join(f"  {k}: {v}\n" for k, v in plan["yaml"].items()))
+        return ["--config", y]
+    return list(plan)
+
+
+def logits(cmd_prefix, model, prefill, out, extra=()):
+    cmd = cmd_prefix + ["logits", "-m", model, "--ids", ",".join(map(str, IDS)), "-o", out, "--force", "-t", "1"]
+    if prefill is not None:
+        cmd += ["--prefill", prefill]
+    _, _, err = run(cmd + list(extra))
+    return np.fromfile(out, dtype="<f4").reshape(len(IDS), -1), err
+
+
+def config_of(model_path):
+    p = Path(model_path)
+    if p.is_dir():
+        return json.loads((p / "config.json").read_text())
+    return None
+
+
+def expected_decode_bytes(cfg, world, sizes):
+    """Calls and link bytes (sent) of one decode token, per collective kind
+    (alltoallv: calls only, its bytes depend on the routing)."""
+    attn, lmhead, ep, tp, alltoall = sizes
+    H, V, layers = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    moe = cfg.get("model_type") == "qwen3_moe"
+    dense_layers = set(cfg.get("mlp_only_layers", [])) if moe else set(range(layers))
+    step = cfg.get("decoder_sparse_step", 1) if moe else 1
+
+    def allreduce(p, b):
+        return 2 * (p - 1) * b // p if p > 1 else 0
+
+    ar = ar_calls = ag = ag_calls = a2a_calls = 0
+    for layer in range(layers):
+        if attn > 1:
+            ar += allreduce(attn, 4 * H)
+            ar_calls += 1
+        sparse = moe and layer not in dense_layers and (layer + 1) % step == 0
+        if sparse and alltoall and ep > 1:
+            a2a_calls += 2                       # dispatch + combine
+            if tp > 1:                           # the token share's column partials
+                ar += allreduce(tp, 4 * H)
+                ar_calls += 1
+            ag += (ep - 1) * 4 * H               # one token: a block of ceil(1 / ep) = 1 row
+            ag_calls += 1
+            continue
+        g = world if sparse else attn
+        if g > 1:
+            ar += allreduce(g, 4 * H)
+            ar_calls += 1
+    if lmhead > 1:
+        ag += (lmhead - 1) * 4 * (V // lmhead)
+        ag_calls += 1
+    want = {"allreduce_sum": (ar_calls, ar), "allgather": (ag_calls, ag)}
+    if a2a_calls:
+        want["alltoallv"] = (a2a_calls, None)
+    return want
+
+
+STAT = re.compile(r"^\s+(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+\S+\s*$")
+
+
+def parse_stats(err, phase):
+    got = {}
+    for line in err.splitlines():
+        m = STAT.match(line)
+        if m and m.group(1) == phase:
+            got[m.group(2)] = (int(m.group(3)), int(m.group(4)), int(m.group(5)))
+    return got
+
+
+def resolved_sizes(err):
+    """attn_tp, lmhead_tp, moe_ep, moe_tp sizes and the EP exchange from the
+    plan rank 0 prints."""
+    got = []
+    for key in ("attn_tp_size", "lmhead_tp_size", "moe_ep_size", "moe_tp_size"):
+        m = re.search(r"^\s+" + key + r"\s+(\d+)", err, re.M)
+        got.append(int(m.group(1)) if m else 1)
+    assert re.search(r"^\s+attn_tp_size", err, re.M), f"no plan printed on stderr:\n{err[-2000:]}"
+    m = re.search(r"^\s+moe_ep_comm\s+(\S+)", err, re.M)
+    return tuple(got) + (bool(m and m.group(1) == "alltoall"),)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_match_single_rank(case, models, tmp_path):
+    root, paths = models
+    model_name, np_, _, _ = CASES[case]
+    model = paths[model_name]
+    args = plan_args(case, tmp_path)
+    for prefill in (None, 1, len(IDS) - 1):
+        ref, _ = logits([Q3MOE], model, prefill, tmp_path / "ref.bin")
+        extra = ["--comm-stats"] + args if prefill == len(IDS) - 1 else args
+        got, err = logits(mpi(np_, []), model, prefill, tmp_path / "par.bin", extra)
+        tol = 1e-4 * max(1.0, float(np.abs(ref).max()))
+        delta = float(np.abs(got - ref).max())
+        label = f"{case} (-np {np_}) prefill={prefill or 'all'}"
+        print(f"{label}: max|delta| = {delta:.3g} (tolerance {tol:.3g})")
+        assert delta <= tol, f"{label}: max|delta| {delta:.3g} > {tol:.3g}"
+        assert err.count("parallel plan:") == 1, f"{label}: the plan must be printed once (rank 0):\n{err[-3000:]}"
+        if prefill == len(IDS) - 1:
+            cfg = config_of(model) or config_of(paths[model_name.replace(".q3m", "")])
+            sizes = resolved_sizes(err)
+            assert sizes[4] == ("alltoall" in case), f"{label}: EP exchange in the plan: {sizes}"
+            want = expected_decode_bytes(cfg, np_, sizes)
+            stats = parse_stats(err, "decode")
+            for kind, (calls, sent) in want.items():
+                g = stats.get(kind, (0, 0, 0))
+                if sent is None:
+                    # The one decode token belongs to the last EP rank's share; rank 0 receives the
+                    # rows of the r slots routed to its experts (H floats + the expert id) and sends
+                    # r output rows of H back (r summed over the MoE layers).
+                    assert g[0] == calls, f"{label}: decode {kind}: {g[0]} calls, expected {calls}\n{err[-3000:]}"
+                    H, K = cfg["hidden_size"], cfg["num_experts_per_tok"]
+                    rows = g[1] // (4 * H)
+                    assert g[1] == 4 * H * rows and g[2] == 4 * (H + 1) * rows and rows <= K * calls // 2, \
+                        f"{label}: decode alltoallv sent/recv {g[1]}/{g[2]} is not r x 4H / r x 4(H+1)"
+                    continue
+                assert (g[0], g[1], g[2]) == (calls, sent, sent), \
+                    f"{label}: decode {kind}: got calls/sent/recv {g}, expected {(calls, sent, sent)}\n{err[-3000:]}"
+            assert set(stats) <= {k for k, v in want.items() if v[0]}, \
+                f"{label}: unexpected decode collectives {sorted(stats)} (expected {want})"
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c][3]))
+def test_greedy_matches_single_rank(case, models, tmp_path):
+    _, paths = models
+    model_name, np_, _, _ = CASES[case]
+    gen = ["generate", "-m", paths[model_name], "--ids", ",".join(map(str, IDS[:5])), "-n", 16, "--temp", 0,
+           "--print-ids", "--ignore-eos", "-t", 1]
+    _, want, _ = run([Q3MOE] + gen)
+    _, got, _ = run(mpi(np_, gen + plan_args(case, tmp_path)))
+    assert json.loads(got.strip()) == json.loads(want.strip()), f"{case}: greedy ids differ\n{got}\n{want}"
+
+
+@pytest.fixture(scope="module")
+def config_only(models):
+    """A directory holding only the config.json of the MoE model: any attempt
+    to read weights fails, so a plan error seen here came first."""
+    root, paths = models
+    d = root / "config_only"
+    d.mkdir(exist_ok=True)
+    shutil.copy(paths["moe"] / "config.json", d / "config.json")
+    return d
+
+
+BAD = {
+    "attn_tp_not_dividing_world": (2, "attn_tp_size: 3", "attn_tp_size"),
+    "experts_not_divisible": (3, "attn_tp_size: 1\n  lmhead_tp_size: 1\n  moe_ep_size: 3", "num_experts"),
+    "tp_times_ep": (2, "moe_ep_size: 2\n  moe_tp_size: 2", "moe_tp_size"),
+    "unknown_key": (2, "attn_tp: 2", "parallel_config.attn_tp"),
+    "comm_quant_not_implemented": (2, "comm_quant: mxfp8", "comm_quant"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_plan_refused_before_weights(name, config_only, tmp_path):
+    np_, body, key = BAD[name]
+    y = tmp_path / "bad.yaml"
+    y.write_text("parallel_config:\n  " + body + "\n")
+    rc, out, err = run(mpi(np_, ["logits", "-m", config_only, "--ids", "1,2,3", "-o", tmp_path / "x.bin",
+                                 "--config", y]), ok=False)
+    assert rc != 0, f"{name}: mpirun exited 0\n{err}"
+    assert key in err, f"{name}: the error does not name {key}:\n{err[-3000:]}"
+    assert "safetensors" not in err, f"{name}: weights were looked for before the plan was checked:\n{err[-3000:]}"
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_single_rank_command_refused_on_many(models, tmp_path):
+    _, paths = models
+    rc, _, err = run(mpi(2, ["tokenize", "-m", paths["moe"], "--decode", "--ids", "1"]), ok=False)
+    assert rc != 0 and "runs on one rank" in err, err[-2000:]
