@@ -357,7 +357,12 @@ int q3_convert(const q3_convert_opts *o, q3_convert_stats *st) {
 
     /* Loading validates config.json and every tensor's presence and shape. */
     q3_model m;
-    if (q3_model_load(&m, o->src)) return -1;
+    /* Conversion streams tensor by tensor: mapping the whole source up front
+     * would only inflate the resident set. */
+    int prefault_was = q3_prefault_set(0);
+    int load_rc = q3_model_load(&m, o->src);
+    q3_prefault_set(prefault_was);
+    if (load_rc) return -1;
     const q3_st_archive *a = &m.st;
 
     blob_file cfg = {0}, tok = {0}, tokc = {0};

@@ -54,6 +54,12 @@ static int g_prefault_off = 0;
 
 void q3_prefault_disable(void) { g_prefault_off = 1; }
 
+int q3_prefault_set(int enabled) {
+    int was = !g_prefault_off;
+    g_prefault_off = !enabled;
+    return was;
+}
+
 void q3_prefault(const q3_mapped_file *f) {
     if (g_prefault_off || !f->data || !f->size) return;
     if (madvise((void *)f->data, f->size, MADV_POPULATE_READ) != 0) /* kernels before 5.14 */

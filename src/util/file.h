@@ -19,6 +19,8 @@ void q3_prefault(const q3_mapped_file *f);
 /* Make q3_prefault a no-op from now on (a rank of a multi-rank job touches
  * only its own slices of the weights). */
 void q3_prefault_disable(void);
+/* Switch prefaulting on or off; returns the previous setting. */
+int q3_prefault_set(int enabled);
 /* Bytes of memory the kernel reports as available (MemAvailable), or 0. */
 size_t q3_mem_available(void);
 
