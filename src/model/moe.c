@@ -50,28 +50,16 @@ static void init_routing(const q3_config *c, q3_state *s, int T) {
     }
 }
 
-/* Many ranks, tokens replicated on every rank. Every rank computes the
- * router for all tokens (replicated and identical), runs only the (token,
- * slot) pairs routed to its experts [expert_lo, expert_hi), on its columns
- * [inter_lo, inter_hi) of each (moe_tp), and finalizes its partial sum; the
- * partial sums over the whole world (moe_ep x moe_tp ranks) give the MoE
- * output. This is the AllGather + ReduceScatter EP scheme specialised to
- * replicated tokens: the gather is free (every rank already holds every
- * token) and the reduce-scatter becomes an allreduce since every rank
- * needs every row. */
-static void moe_forward_shard(const q3_model *m, const q3_layer *L, q3_state *s, int T, int layer) {
-    const q3_config *c = &m->cfg;
-    const q3_shard *sh = m->shard;
-    const int E = c->num_experts, K = c->num_experts_per_tok, H = c->hidden_size, F = sh->moe_f;
-    const int elo = sh->a.expert_lo, ehi = sh->a.expert_hi;
-    gating(c, L, s, T);
-    init_routing(c, s, T);
-    if (s->expert_hits)
-        for (int e = 0; e < E; e++) s->expert_hits[(size_t)layer * E + e] += (uint64_t)s->expert_count[e];
+/* The experts [elo, ehi) over their gathered rows in s->xg (rows
+ * expert_offset[elo] .. expert_offset[ehi]): gate+up of every expert in one
+ * parallel pass, SwiGLU (and MXFP8 input quantization for MX weights), then
+ * down in a second pass, into s->h_out. */
+static void run_local_experts(const q3_model *m, const q3_layer *L, q3_state *s, int elo, int ehi) {
+    if (ehi <= elo) return;
+    const int H = m->cfg.hidden_size, F = L->gate[elo].rows;
     const int p0 = s->expert_offset[elo], p1 = s->expert_offset[ehi];
     q3_mm_job *jobs = s->moe_jobs;
     int nj = 0;
-    for (int p = p0; p < p1; p++) memcpy(s->xg + (size_t)p * H, s->xn + (size_t)(s->perm[p] / K) * H, (size_t)H * sizeof(float));
     if (p1 > p0) q3_act_quant(m, &L->gate[elo], s->xg + (size_t)p0 * H, p1 - p0, (size_t)H);
     for (int e = elo; e < ehi; e++) {
         const int n = s->expert_count[e], off = s->expert_offset[e];
@@ -88,6 +76,29 @@ static void moe_forward_shard(const q3_model *m, const q3_layer *L, q3_state *s,
         if (n) jobs[nj++] = (q3_mm_job){s->h_out + (size_t)off * H, (size_t)H, s->h_gate + (size_t)off * F, (size_t)F, n, &L->down[e]};
     }
     q3_matmul_jobs(jobs, nj);
+}
+
+/* Many ranks, tokens replicated on every rank. Every rank computes the
+ * router for all tokens (replicated and identical), runs only the (token,
+ * slot) pairs routed to its experts [expert_lo, expert_hi), on its columns
+ * [inter_lo, inter_hi) of each (moe_tp), and finalizes its partial sum; the
+ * partial sums over the whole world (moe_ep x moe_tp ranks) give the MoE
+ * output. This is the AllGather + ReduceScatter EP scheme specialised to
+ * replicated tokens: the gather is free (every rank already holds every
+ * token) and the reduce-scatter becomes an allreduce since every rank
+ * needs every row. */
+static void moe_forward_shard(const q3_model *m, const q3_layer *L, q3_state *s, int T, int layer) {
+    const q3_config *c = &m->cfg;
+    const q3_shard *sh = m->shard;
+    const int E = c->num_experts, K = c->num_experts_per_tok, H = c->hidden_size;
+    const int elo = sh->a.expert_lo, ehi = sh->a.expert_hi;
+    gating(c, L, s, T);
+    init_routing(c, s, T);
+    if (s->expert_hits)
+        for (int e = 0; e < E; e++) s->expert_hits[(size_t)layer * E + e] += (uint64_t)s->expert_count[e];
+    const int p0 = s->expert_offset[elo], p1 = s->expert_offset[ehi];
+    for (int p = p0; p < p1; p++) memcpy(s->xg + (size_t)p * H, s->xn + (size_t)(s->perm[p] / K) * H, (size_t)H * sizeof(float));
+    run_local_experts(m, L, s, elo, ehi);
     /* Partial finalize (local pairs in slot order) into proj, sum, add. */
     memset(s->proj, 0, (size_t)T * H * sizeof(float));
     for (int t = 0; t < T; t++) {
@@ -118,7 +129,7 @@ static int range_lo(int i, int n, int parts) { return (int)((long)i * n / parts)
 static void moe_forward_alltoall(const q3_model *m, const q3_layer *L, q3_state *s, int T) {
     const q3_config *c = &m->cfg;
     const q3_shard *sh = m->shard;
-    const int K = c->num_experts_per_tok, H = c->hidden_size, F = sh->moe_f, N = c->num_experts;
+    const int K = c->num_experts_per_tok, H = c->hidden_size, N = c->num_experts;
     const int EP = sh->plan.moe_ep_size, me = sh->a.ep_rank, per = N / EP;
     const int elo = sh->a.expert_lo, ehi = sh->a.expert_hi;
     size_t *send_n = s->a2a_counts, *recv_n = send_n + EP, *send_c = recv_n + EP, *recv_c = send_c + EP;
@@ -167,24 +178,7 @@ static void moe_forward_alltoall(const q3_model *m, const q3_layer *L, q3_state 
         memcpy(s->xg + (size_t)p * H, s->a2a_recv + i * (size_t)(H + 1), (size_t)H * sizeof(float));
     }
     const int R = (int)n_recv;
-    q3_mm_job *jobs = s->moe_jobs;
-    int nj = 0;
-    if (R) q3_act_quant(m, &L->gate[elo], s->xg, R, (size_t)H);
-    for (int e = elo; e < ehi; e++) {
-        const int n = s->expert_count[e], off = s->expert_offset[e];
-        if (!n) continue;
-        jobs[nj++] = (q3_mm_job){s->h_gate + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->gate[e]};
-        jobs[nj++] = (q3_mm_job){s->h_up + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->up[e]};
-    }
-    q3_matmul_jobs(jobs, nj);
-    q3_swiglu(s->h_gate, s->h_gate, s->h_up, R * F);
-    if (R) q3_act_quant(m, &L->down[elo], s->h_gate, R, (size_t)F);
-    nj = 0;
-    for (int e = elo; e < ehi; e++) {
-        const int n = s->expert_count[e], off = s->expert_offset[e];
-        if (n) jobs[nj++] = (q3_mm_job){s->h_out + (size_t)off * H, (size_t)H, s->h_gate + (size_t)off * F, (size_t)F, n, &L->down[e]};
-    }
-    q3_matmul_jobs(jobs, nj);
+    run_local_experts(m, L, s, elo, ehi);
     /* Combine: outputs back in the order received. */
     for (int p = 0; p < R; p++)
         memcpy(s->a2a_send + (size_t)s->perm[p] * H, s->h_out + (size_t)p * H, (size_t)H * sizeof(float));
