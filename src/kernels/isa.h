@@ -30,6 +30,11 @@ typedef struct {
     void (*scale)(float *y, float a, int n);                /* y *= a */
 } q3_isa_kernels;
 
+/* E8M0 scale code -> the fp32 factor the SIMD element decoders expect
+ * (2^(c-127) times 2^120 for E4M3 bit-moved codes, times 1/2 for E2M1
+ * codes decoded as 2x their value). */
+const float *q3_mx_scale_table(q3_dtype t);
+
 /* The kernels in force (after q3_kernels_init). */
 const q3_isa_kernels *q3_isa_current(void);
 

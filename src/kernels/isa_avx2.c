@@ -91,6 +91,11 @@ INLINE void e2m1x32(const uint8_t *p, __m256 out[4]) {
     out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8)));
 }
 
+const float *q3_mx_scale_table(q3_dtype t) {
+    pthread_once(&g_mx_once, mx_tables);
+    return t == Q3_MXFP4 ? g_fp4_scale : g_fp8_scale;
+}
+
 static void gemv_mx(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     pthread_once(&g_mx_once, mx_tables);
     const int K = W->cols, nb = K / 32;

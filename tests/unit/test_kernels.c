@@ -133,6 +133,8 @@ static void test_mx_matmul(void) {
     check_mx(Q3_MXFP8, 9, 40, 320);
     check_mx(Q3_MXFP4, 9, 40, 320);
     check_mx(Q3_MXFP4, 1, 300, 2048); /* multi-threaded */
+    check_mx(Q3_MXFP4, 1, 20, 96);    /* odd number of 32-blocks */
+    check_mx(Q3_MXFP8, 1, 20, 96);
 }
 
 /* A strided view (a transposed matrix) gives the same products as the contiguous one. */
