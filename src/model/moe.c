@@ -54,13 +54,13 @@ static void init_routing(const q3_config *c, q3_state *s, int T) {
  * expert_offset[elo] .. expert_offset[ehi]): gate+up of every expert in one
  * parallel pass, SwiGLU (and MXFP8 input quantization for MX weights), then
  * down in a second pass, into s->h_out. */
-static void run_local_experts(const q3_model *m, const q3_layer *L, q3_state *s, int elo, int ehi) {
+static void run_local_experts(const q3_model *m, const q3_layer *L, q3_state *s, int elo, int ehi, int rows_quantized) {
     if (ehi <= elo) return;
     const int H = m->cfg.hidden_size, F = L->gate[elo].rows;
     const int p0 = s->expert_offset[elo], p1 = s->expert_offset[ehi];
     q3_mm_job *jobs = s->moe_jobs;
     int nj = 0;
-    if (p1 > p0) q3_act_quant(m, &L->gate[elo], s->xg + (size_t)p0 * H, p1 - p0, (size_t)H);
+    if (p1 > p0 && !rows_quantized) q3_act_quant(m, &L->gate[elo], s->xg + (size_t)p0 * H, p1 - p0, (size_t)H);
     for (int e = elo; e < ehi; e++) {
         const int n = s->expert_count[e], off = s->expert_offset[e];
         if (!n) continue;
@@ -97,8 +97,17 @@ static void moe_forward_shard(const q3_model *m, const q3_layer *L, q3_state *s,
     if (s->expert_hits)
         for (int e = 0; e < E; e++) s->expert_hits[(size_t)layer * E + e] += (uint64_t)s->expert_count[e];
     const int p0 = s->expert_offset[elo], p1 = s->expert_offset[ehi];
-    for (int p = p0; p < p1; p++) memcpy(s->xg + (size_t)p * H, s->xn + (size_t)(s->perm[p] / K) * H, (size_t)H * sizeof(float));
-    run_local_experts(m, L, s, elo, ehi);
+    /* The experts' input rows: xn itself, or (A8) each token's MXFP8 copy,
+     * quantized once per token rather than once per (token, slot). s->proj
+     * is free here: the fused add+norm before the MLP consumed it. */
+    const float *src = s->xn;
+    if (p1 > p0 && m->scheme.act_mxfp8 && q3_dtype_is_mx(L->gate[elo].dtype)) {
+        memcpy(s->proj, s->xn, (size_t)T * H * sizeof(float));
+        q3_act_quant(m, &L->gate[elo], s->proj, T, (size_t)H);
+        src = s->proj;
+    }
+    for (int p = p0; p < p1; p++) memcpy(s->xg + (size_t)p * H, src + (size_t)(s->perm[p] / K) * H, (size_t)H * sizeof(float));
+    run_local_experts(m, L, s, elo, ehi, 1);
     /* Partial finalize (local pairs in slot order) into proj, sum, add. */
     memset(s->proj, 0, (size_t)T * H * sizeof(float));
     for (int t = 0; t < T; t++) {
@@ -178,7 +187,7 @@ static void moe_forward_alltoall(const q3_model *m, const q3_layer *L, q3_state 
         memcpy(s->xg + (size_t)p * H, s->a2a_recv + i * (size_t)(H + 1), (size_t)H * sizeof(float));
     }
     const int R = (int)n_recv;
-    run_local_experts(m, L, s, elo, ehi);
+    run_local_experts(m, L, s, elo, ehi, 0);
     /* Combine: outputs back in the order received. */
     for (int p = 0; p < R; p++)
         memcpy(s->a2a_send + (size_t)s->perm[p] * H, s->h_out + (size_t)p * H, (size_t)H * sizeof(float));

@@ -1,5 +1,6 @@
 /* MX block quantization of fp32 rows (the format is described in mx.h). */
 #include <math.h>
+#include <string.h>
 
 #include "quant/mx.h"
 #include "util/error.h"
@@ -78,11 +79,51 @@ void q3_mx_dequantize_row(q3_mx_type t, const uint8_t *scales, const uint8_t *el
     }
 }
 
+static float f32_pow2(int e) { /* 2^e for a normal exponent */
+    uint32_t u = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* One block quantized and dequantized without leaving fp32: each element is
+ * rounded to its quantum 2^q (q = max(floor(log2|x|), shared + emin) -
+ * mbits) by adding and subtracting 2^(q+23), which the FPU rounds to nearest
+ * even exactly once, then clamped to the largest element times 2^shared.
+ * Equal to encode+decode bit for bit while every quantity stays a normal
+ * fp32 number (no overflow of 2^(q+23)), i.e. for shared exponents in
+ * [-100, 90]. */
+static void fake_quant_block_fast(q3_mx_type t, const float *x, int shared, float *y) {
+    const int mbits = t == Q3_MXFP8 ? 3 : 1, emin = t == Q3_MXFP8 ? -6 : 0;
+    const float top = (t == Q3_MXFP8 ? Q3_E4M3_MAX : Q3_E2M1_MAX) * f32_pow2(shared);
+    const int qmin = shared + emin - mbits;
+    for (int i = 0; i < Q3_MX_BLOCK; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        const uint32_t sign = u & 0x80000000u;
+        u &= 0x7fffffffu;
+        float a;
+        memcpy(&a, &u, 4);
+        int q = (int)(u >> 23) - 127 - mbits;
+        if (q < qmin) q = qmin;
+        const float magic = f32_pow2(q + 23);
+        float r = (a + magic) - magic;
+        if (r > top) r = top;
+        memcpy(&u, &r, 4);
+        u |= sign;
+        memcpy(&y[i], &u, 4);
+    }
+}
+
 int q3_mx_fake_quant_row(q3_mx_type t, const float *x, size_t n, float *y) {
     if (check_row(x, n)) return -1;
     for (size_t b = 0; b < n / Q3_MX_BLOCK; b++) {
         const float *xb = x + b * Q3_MX_BLOCK;
         int e = block_exp(t, xb); /* taken before y (possibly == x) is written */
+        if (e >= -100 && e <= 90) {
+            fake_quant_block_fast(t, xb, e, y + b * Q3_MX_BLOCK);
+            continue;
+        }
         float s = q3_e8m0_to_f32((uint8_t)(e + 127));
         for (int i = 0; i < Q3_MX_BLOCK; i++) y[b * Q3_MX_BLOCK + i] = decode(t, encode(t, xb[i], e)) * s;
     }
