@@ -1,13 +1,108 @@
 /* Kernel micro-benchmark: GEMV bandwidth (one token, BF16 weights) and GEMM
- * GFLOP/s per ISA. Usage: build/kernel_bench [rows cols tokens reps] */
+ * GFLOP/s per ISA. Usage: build/kernel_bench [rows cols tokens reps]
+ * MX GEMV (MXFP4 / MXFP8 weights, fp32 and A8 inputs) per ISA:
+ *   build/kernel_bench mx [rows cols reps]
+ * Causal prefill attention of one layer (default: Qwen3-30B-A3B heads;
+ * Q3MOE_ISA=NAME runs only that ISA):
+ *   build/kernel_bench attn [positions heads kv_heads head_dim reps] */
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "kernels/attention.h"
 #include "kernels/kernels.h"
+#include "quant/mx.h"
+
+static int mx_bench(int M, int K, int reps) {
+    float *row = malloc((size_t)K * 4), *x = malloc((size_t)K * 4), *out = malloc((size_t)M * 4 * 32);
+    for (int k = 0; k < K; k++) x[k] = (float)((k * 40503u) % 1000) / 500.0f - 1.0f;
+    if (q3_mx_fake_quant_row(Q3_MXFP8, x, (size_t)K, x)) return 1;
+    float *xs = malloc((size_t)32 * K * 4);
+    for (int t = 0; t < 32; t++)
+        for (int k = 0; k < K; k++) xs[(size_t)t * K + k] = x[(k + 32 * t) % K];
+    for (int f = 0; f < 2; f++) {
+        const q3_dtype dt = f ? Q3_MXFP8 : Q3_MXFP4;
+        const size_t eb = q3_mx_elem_bytes(dt, (size_t)K), sb = (size_t)K / 32;
+        uint8_t *el = malloc((size_t)M * eb), *sc = malloc((size_t)M * sb);
+        for (int r = 0; r < M; r++) {
+            for (int k = 0; k < K; k++) row[k] = (float)(((size_t)r * K + k) * 2654435761u % 1000) / 1000.0f - 0.5f;
+            if (q3_mx_quantize_row(dt, row, (size_t)K, sc + (size_t)r * sb, el + (size_t)r * eb)) return 1;
+        }
+        for (int isa = Q3_ISA_SCALAR + 1; isa < Q3_ISA_COUNT; isa++) {
+            q3_kernels_force((q3_isa)isa);
+            if ((int)q3_kernels_isa() != isa) continue;
+            for (int a8 = 0; a8 < 2; a8++) {
+                q3_mat W = {.data = el, .dtype = dt, .rows = M, .cols = K, .scales = sc, .a8 = a8};
+                double best = 1e30;
+                for (int r = 0; r < reps; r++) {
+                    double t0 = omp_get_wtime();
+                    q3_matmul(out, x, 1, &W);
+                    double t1 = omp_get_wtime();
+                    if (t1 - t0 < best) best = t1 - t0;
+                }
+                printf("%-10s %s%s gemv %dx%d: %.2f ms, %.1f G elements/s, %.1f GB/s\n", q3_isa_name(q3_kernels_isa()),
+                       dt == Q3_MXFP4 ? "MXFP4" : "MXFP8", a8 ? " A8" : "   ", M, K, best * 1e3, (double)M * K / best / 1e9,
+                       (double)M * (eb + sb) / best / 1e9);
+                /* An expert-sized GEMM: 32 tokens over the first rows. */
+                const int T = 32, Mg = M < 1536 ? M : 1536;
+                q3_mat Wg = W;
+                Wg.rows = Mg;
+                best = 1e30;
+                for (int r = 0; r < reps; r++) {
+                    double t0 = omp_get_wtime();
+                    q3_matmul(out, xs, T, &Wg);
+                    double t1 = omp_get_wtime();
+                    if (t1 - t0 < best) best = t1 - t0;
+                }
+                printf("%-10s %s%s gemm T=%d %dx%d: %.1f GFLOP/s\n", q3_isa_name(q3_kernels_isa()), dt == Q3_MXFP4 ? "MXFP4" : "MXFP8",
+                       a8 ? " A8" : "   ", T, Mg, K, 2.0 * T * Mg * K / best / 1e9);
+            }
+        }
+        free(el), free(sc);
+    }
+    free(row), free(x), free(xs), free(out);
+    return 0;
+}
+
+/* Causal prefill attention of one layer over P positions, fed in chunks of
+ * 1024 tokens as q3_forward does, per ISA (scalar skipped: too slow). */
+static int attn_bench(int P, int H, int KVH, int D, int reps) {
+    enum { CHUNK = 1024 };
+    const size_t kvs = (size_t)KVH * D, qs = (size_t)H * D;
+    float *k = malloc((size_t)P * kvs * 4), *v = malloc((size_t)P * kvs * 4);
+    float *q = malloc(CHUNK * qs * 4), *out = malloc(CHUNK * qs * 4);
+    float *scratch = malloc(q3_attention_scratch(H, D, P) * sizeof(float));
+    if (!k || !v || !q || !out || !scratch) return 1;
+    for (size_t i = 0; i < (size_t)P * kvs; i++) k[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f, v[i] = k[i] * 0.5f;
+    for (size_t i = 0; i < CHUNK * qs; i++) q[i] = (float)((i * 40503u) % 1000) / 500.0f - 1.0f;
+    const q3_attn_layer L = {H, KVH, D, kvs, k, v};
+    const double flops = 4.0 * D * H * ((double)P * (P + 1) / 2); /* QK^T and PV, causal */
+    for (int isa = Q3_ISA_SCALAR + 1; isa < Q3_ISA_COUNT; isa++) {
+        q3_kernels_force((q3_isa)isa);
+        const char *only = getenv("Q3MOE_ISA"); /* one ISA when set */
+        if ((int)q3_kernels_isa() != isa || (only && strcmp(only, q3_isa_name((q3_isa)isa)))) continue;
+        double best = 1e30;
+        for (int r = 0; r < reps; r++) {
+            double t0 = omp_get_wtime();
+            for (int c0 = 0; c0 < P; c0 += CHUNK) q3_attention(out, q, P - c0 < CHUNK ? P - c0 : CHUNK, c0, &L, scratch);
+            double t1 = omp_get_wtime();
+            if (t1 - t0 < best) best = t1 - t0;
+        }
+        printf("%-10s attention prefill P=%d heads %d/%d dim %d: %.1f ms per layer, %.1f GFLOP/s  (threads %d)\n",
+               q3_isa_name(q3_kernels_isa()), P, H, KVH, D, best * 1e3, flops / best / 1e9, omp_get_max_threads());
+    }
+    free(k), free(v), free(q), free(out), free(scratch);
+    return 0;
+}
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "attn"))
+        return attn_bench(argc > 2 ? atoi(argv[2]) : 4096, argc > 3 ? atoi(argv[3]) : 32, argc > 4 ? atoi(argv[4]) : 4,
+                          argc > 5 ? atoi(argv[5]) : 128, argc > 6 ? atoi(argv[6]) : 3);
+    if (argc > 1 && !strcmp(argv[1], "mx"))
+        return mx_bench(argc > 2 ? atoi(argv[2]) : 65536, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 10);
     int M = argc > 1 ? atoi(argv[1]) : 151936, K = argc > 2 ? atoi(argv[2]) : 2048;
     int T = argc > 3 ? atoi(argv[3]) : 64, reps = argc > 4 ? atoi(argv[4]) : 10;
     uint16_t *w = malloc((size_t)M * K * 2);
@@ -15,7 +110,7 @@ int main(int argc, char **argv) {
     float *x = malloc((size_t)T * K * 4), *out = malloc((size_t)T * M * 4);
     for (int i = 0; i < T * K; i++) x[i] = (float)(i % 17) / 17.0f;
     q3_mat W = {.data = w, .dtype = Q3_BF16, .rows = M, .cols = K};
-    for (int isa = Q3_ISA_SCALAR; isa <= Q3_ISA_AVX512; isa++) {
+    for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
         double best1 = 1e30, bestT = 1e30;

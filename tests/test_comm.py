@@ -126,6 +126,12 @@ def expected_counters(r, p):
     add("decode", "broadcast", link_bytes("broadcast", p, 9, root=(r == 0)))
     add("decode", "barrier", (0, 0))
 
+    # rows collectives: link bytes of the wire rows (32 MXFP8 elements + 1 scale byte + the fp32 tail)
+    add("quant", "allgather", link_bytes("allgather", p, 3 * (32 + 1 + 8 * f)))
+    add("quant", "alltoall", link_bytes("alltoall", p, 2 * (64 + 2)))
+    add("quant", "alltoallv", v_counts(lambda j: (r + j) % 2 + 1, lambda j: (j + r) % 2 + 1, 32 + 1))
+    add("quant", "alltoallv", v_counts(lambda j: (r + 2 * j) % 3, lambda j: (j + 2 * r) % 3, 5 * f))
+
     parity = len(range(r % 2, p, 2))
     add("split", "allreduce_sum", link_bytes("allreduce_sum", parity, f))
 

@@ -368,7 +368,7 @@ def test_dimension_not_multiple_of_32_refused(work):
 
 
 def test_bad_arguments(tiny, converted, tmp_path):
-    for args in (["--ffn", "int4"], ["--attn", "fp8"], ["--act", "mxfp4"], ["--bogus"]):
+    for args in (["--ffn", "int4"], ["--attn", "fp8"], ["--act", "mxfp4"], ["--quant", "w3a3"], ["--bogus"]):
         p = run(["convert", "-m", tiny, "-o", tmp_path / "x.q3m", *args], check=False)
         assert p.returncode == 2 and args[-1] in p.stderr
     p = run(["convert", "-m", converted("w4a8"), "-o", tmp_path / "x.q3m"], check=False)
@@ -566,3 +566,165 @@ def test_cache_bad_arguments(tiny, converted, work):
     p = run(["logits", "-m", tiny, "--ids", "1", "-o", work / "o", "--quant", "w8"],
             env={"Q3MOE_CACHE_DIR": str(work / "file" / "sub")}, check=False)
     assert p.returncode == 1 and "cache" in p.stderr
+
+
+# ------------------------------------------------- synth straight to .q3m
+
+TINY_ARGS = ["--preset", "tiny", "--layers", "2"]
+
+
+def synth_q3m(out, *extra, check=True, **kw):
+    return run(["synth", "-o", out, *TINY_ARGS, *extra], check=check, **kw)
+
+
+@pytest.mark.parametrize("scheme", ["w4a8", "w8", "bf16"])
+def test_synth_q3m_is_synth_then_convert(work, scheme):
+    """synth -o FILE.q3m writes the very bytes of synth -o DIR + convert (same
+    seed, scheme, sharded source: tensor order survives the shard split)."""
+    ffn, attn, act = SCHEMES[scheme]
+    args = ["--vocab", "512", "--tokenizer", "none", "--seed", "7"]
+    ck = synth(work / "ck", *args, "--shard-mb", "1")
+    assert (ck / "model.safetensors.index.json").exists()
+    via_dir = work / "via-dir.q3m"
+    convert(ck, via_dir, scheme)
+    direct = work / "direct.q3m"
+    p = synth_q3m(direct, *args, "--ffn", ffn, "--attn", attn, "--act", act)
+    assert "[synth] wrote" in p.stderr and str(direct) in p.stderr
+    assert direct.read_bytes() == via_dir.read_bytes()
+    assert sorted(os.listdir(work)) == ["ck", "direct.q3m", "via-dir.q3m"]
+
+
+def test_synth_q3m_named_scheme_tokenizer_mixed(work):
+    """--quant NAME, the embedded tokenizer, F32/F16/BF16 sources: still the same bytes."""
+    if not (TOKENIZER_DIR / "tokenizer.json").exists():
+        pytest.skip(f"no {TOKENIZER_DIR}/tokenizer.json (run make)")
+    args = ["--hidden", "64", "--tie", "1", "--dtype", "mixed", "--tokenizer", TOKENIZER_DIR]
+    ck = synth(work / "ck", *args)
+    via_dir = work / "via-dir.q3m"
+    convert(ck, via_dir, "w8a8")
+    direct = work / "direct.q3m"
+    synth_q3m(direct, *args, "--quant", "w8a8")
+    raw = direct.read_bytes()
+    assert raw == via_dir.read_bytes()
+    _, secs, _ = parse_q3m(raw)
+    assert list(secs) == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    p = run(["generate", "-m", direct, "-p", "Hello", "-n", "3", "--temp", "0", "--print-ids"])
+    assert len(json.loads(p.stdout.strip())) >= 1
+
+
+def test_synth_q3m_default_scheme_and_dry_run(work):
+    out = work / "m.q3m"
+    p = synth_q3m(out, "--vocab", "512", "--tokenizer", "none", "--dry-run")
+    plan = json.loads(p.stdout)
+    assert not out.exists() and os.listdir(work) == []
+    synth_q3m(out, "--vocab", "512", "--tokenizer", "none")
+    hdr, _, tensors = parse_q3m(out.read_bytes())
+    assert hdr["scheme"] == ("MXFP4", "MXFP8", 1)  # W4A8, as convert
+    assert plan["file_bytes"] == out.stat().st_size and plan["tensors"] == len(tensors)
+
+
+def test_synth_q3m_30b_dry_run(work):
+    """The full 48-layer Qwen3-30B-A3B geometry in W4A8: about 17 GB instead of 61."""
+    p = run(["synth", "-o", work / "q30b.q3m", "--preset", "qwen3-30b-a3b", "--tokenizer", "none", "--dry-run"])
+    plan = json.loads(p.stdout)
+    assert plan["tensors"] == 18867 and 60e9 < plan["total_bytes"] < 62e9
+    assert 16e9 < plan["file_bytes"] < 18e9, plan
+    assert os.listdir(work) == []
+
+
+def test_synth_q3m_refuses_to_overwrite(work):
+    out = work / "m.q3m"
+    out.write_bytes(b"precious")
+    p = synth_q3m(out, "--tokenizer", "none", check=False)
+    assert p.returncode == 1 and "q3moe synth: error" in p.stderr
+    assert str(out) in p.stderr and "--force" in p.stderr
+    assert out.read_bytes() == b"precious"
+    synth_q3m(out, "--tokenizer", "none", "--vocab", "512", "--force")
+    assert out.read_bytes()[:8] == b"Q3MOE\0PK"
+    assert os.listdir(work) == ["m.q3m"], "temporary file left behind"
+
+
+def test_synth_q3m_unwritable_paths(work):
+    missing = work / "no" / "such" / "dir" / "m.q3m"
+    p = synth_q3m(missing, "--tokenizer", "none", check=False)
+    assert p.returncode == 1 and str(missing) in p.stderr and "No such file or directory" in p.stderr
+    d = work / "d.q3m"
+    d.mkdir()
+    p = synth_q3m(d, "--tokenizer", "none", check=False)
+    assert p.returncode == 1 and str(d) in p.stderr and "is a directory" in p.stderr
+    assert os.listdir(d) == []
+
+
+def test_synth_q3m_failed_write_leaves_nothing(work):
+    """A write error (a 1 MiB file size limit) removes the temporary file."""
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    out = work / "m.q3m"
+    p = subprocess.run([Q3MOE, "synth", "-o", str(out), *TINY_ARGS, "--tokenizer", "none"],
+                       capture_output=True, text=True, preexec_fn=limit)
+    assert p.returncode == 1 and "q3moe synth: error" in p.stderr and "m.q3m" in p.stderr
+    assert os.listdir(work) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--quant", "w3a3"], ["--quant", "w3a3", "w4a8"]),
+    (["--quant"], ["--quant"]),
+    (["--ffn", "int4"], ["--ffn", "int4", "mxfp4"]),
+    (["--attn", "fp8"], ["--attn", "fp8", "mxfp8"]),
+    (["--act", "mxfp4"], ["--act", "mxfp4", "none"]),
+    (["--shard-mb", "64"], ["--shard-mb", ".q3m"]),
+])
+def test_synth_q3m_bad_arguments(work, args, words):
+    out = work / "m.q3m"
+    p = synth_q3m(out, "--tokenizer", "none", *args, check=False)
+    assert p.returncode == 2, p.stderr
+    assert "q3moe synth: error" in p.stderr or "q3moe: error" in p.stderr
+    for w in words:
+        assert w in p.stderr, f"{w!r} not in {p.stderr!r}"
+    assert os.listdir(work) == []
+
+
+def test_synth_scheme_needs_q3m_output(work):
+    d = work / "dir"
+    for args in (["--quant", "w4a8"], ["--ffn", "mxfp4"], ["--act", "none"]):
+        p = run(["synth", "-o", d, *TINY_ARGS, "--tokenizer", "none", *args], check=False)
+        assert p.returncode == 2 and args[0] in p.stderr and ".q3m" in p.stderr, p.stderr
+    assert not d.exists()
+    # a number after --ffn is still the dense intermediate size
+    synth(d, "--vocab", "512", "--tokenizer", "none", "--ffn", "384", "--mlp-only-layers", "0")
+    assert json.loads((d / "config.json").read_text())["intermediate_size"] == 384
+
+
+def test_synth_q3m_progress_bar_on_a_terminal(work):
+    import pty
+    master, slave = pty.openpty()
+    out = work / "m.q3m"
+    p = subprocess.Popen([Q3MOE, "synth", "-o", str(out), *TINY_ARGS, "--vocab", "512", "--tokenizer", "none"],
+                         stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            b = os.read(master, 4096)
+        except OSError:  # EIO once the child closed the terminal
+            break
+        if not b:
+            break
+        chunks.append(b)
+    os.close(master)
+    assert p.wait(timeout=TIMEOUT_S) == 0
+    text = b"".join(chunks).decode(errors="replace")
+    assert "\r[synth] [" in text and "100.0%" in text and "[synth] wrote" in text, text
+
+
+def test_help_mentions_q3m_output():
+    p = run(["synth", "--help"])
+    for w in ("FILE.q3m", "--quant", "--attn", "--act", "w4a8"):
+        assert w in p.stdout, w
+    p = run(["convert", "--help"])
+    assert "--quant" in p.stdout and "w8a8" in p.stdout

@@ -15,6 +15,23 @@ weights from a .q3m):
   over attn_tp after a dense MLP), and an allgather of V/L fp32 over the
   lmhead group;
 - greedy `generate` ids identical to the single rank's.
+Plans with attn_tp_size == moe_ep_size > 1 run prefill sequence-parallel
+(SP+TP: tokens split over the attn_tp group, src/model/forward.c); the cases
+above then cover it at 2 and 4 ranks with both EP exchanges, KV-head
+replication, a dense layer and moe_tp replicas, and a decode step after an
+SP prefill. The SP tests below add:
+- the prefill's comm counters (rank 0) against the analytic link bytes of
+  every collective SP prefill runs, for prompts of 11 and 2 tokens (at 4
+  ranks two of them hold only padding), with comm_quant none and mxfp8 (the
+  byte formula then counts the MXFP8 wire rows, q3_comm_wire_row_bytes);
+- comm_quant mxfp8 on BF16 weights: the logits move away from the
+  single-rank ones by far more than fp32 noise, and agree within the
+  quantized reference tolerance of tests/test_quant_reference.py (1e-3
+  relative) with tools/reference.py taking exactly the payloads the engine
+  sends through MXFP8 (the normed rows before q/k/v and the MLP, the
+  attention output before o_proj); with MX weights and MXFP8 activations
+  (.q3m) those payloads are already MXFP8 values, so the run must equal the
+  single rank to 1e-4.
 Bad plans are refused before any weight is read (checked on a directory
 holding only config.json), naming the key, with a non-zero mpirun status.
 """
@@ -26,10 +43,14 @@ import signal
 import subprocess
 from pathlib import Path
 
+import sys
+
 import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+import reference  # noqa: E402
 Q3MOE = os.environ.get("Q3MOE", str(REPO / "build" / "q3moe"))
 JOB_TIMEOUT_S = 60
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -156,9 +177,8 @@ def expected_decode_bytes(cfg, world, sizes):
         sparse = moe and layer not in dense_layers and (layer + 1) % step == 0
         if sparse and alltoall and ep > 1:
             a2a_calls += 2                       # dispatch + combine
-            if tp > 1:                           # the token share's column partials
-                ar += allreduce(tp, 4 * H)
-                ar_calls += 1
+            # the token's moe_tp column partials are summed by the last EP rank, whose share it is;
+            # rank 0's share is empty (no allreduce)
             ag += (ep - 1) * 4 * H               # one token: a block of ceil(1 / ep) = 1 row
             ag_calls += 1
             continue
@@ -230,8 +250,8 @@ def test_logits_match_single_rank(case, models, tmp_path):
                     assert g[0] == calls, f"{label}: decode {kind}: {g[0]} calls, expected {calls}\n{err[-3000:]}"
                     H, K = cfg["hidden_size"], cfg["num_experts_per_tok"]
                     rows = g[1] // (4 * H)
-                    assert g[1] == 4 * H * rows and g[2] == 4 * (H + 1) * rows and rows <= K * calls // 2, \
-                        f"{label}: decode alltoallv sent/recv {g[1]}/{g[2]} is not r x 4H / r x 4(H+1)"
+                    assert g[1] == 4 * H * rows and g[2] == 4 * H * rows and rows <= K * calls // 2, \
+                        f"{label}: decode alltoallv sent/recv {g[1]}/{g[2]} is not r x 4H each way"
                     continue
                 assert (g[0], g[1], g[2]) == (calls, sent, sent), \
                     f"{label}: decode {kind}: got calls/sent/recv {g}, expected {(calls, sent, sent)}\n{err[-3000:]}"
@@ -266,7 +286,7 @@ BAD = {
     "experts_not_divisible": (3, "attn_tp_size: 1\n  lmhead_tp_size: 1\n  moe_ep_size: 3", "num_experts"),
     "tp_times_ep": (2, "moe_ep_size: 2\n  moe_tp_size: 2", "moe_tp_size"),
     "unknown_key": (2, "attn_tp: 2", "parallel_config.attn_tp"),
-    "comm_quant_not_implemented": (2, "comm_quant: mxfp8", "comm_quant"),
+    "comm_quant_unknown": (2, "comm_quant: fp4", "comm_quant"),
 }
 
 
@@ -287,3 +307,189 @@ def test_single_rank_command_refused_on_many(models, tmp_path):
     _, paths = models
     rc, _, err = run(mpi(2, ["tokenize", "-m", paths["moe"], "--decode", "--ids", "1"]), ok=False)
     assert rc != 0 and "runs on one rank" in err, err[-2000:]
+
+
+# ------------------------------------------------------------ SP prefill
+
+def wire_row(n, nq, quant):
+    """Bytes of one row of n floats on the wire, its first nq as MXFP8 under
+    comm_quant mxfp8 (elements + one E8M0 scale per 32), the rest fp32."""
+    return nq + nq // 32 + 4 * (n - nq) if quant else 4 * n
+
+
+def expected_sp_prefill(cfg, T, sizes, quant):
+    """{kind: (calls, sent bytes or None)} of rank 0 for one SP prefill of T
+    tokens with every row's logits (the logits command). alltoallv: calls
+    only (its rows depend on the routing)."""
+    attn, lmhead, ep, tp, alltoall = sizes
+    H, V, layers = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    Q, D = cfg["num_attention_heads"], cfg.get("head_dim") or H // cfg["num_attention_heads"]
+    moe = cfg.get("model_type") == "qwen3_moe"
+    K, N = cfg.get("num_experts_per_tok", 0), cfg.get("num_experts", 0)
+    dense_layers = set(cfg.get("mlp_only_layers", [])) if moe else set(range(layers))
+    P, sl = attn, -(-T // attn)
+    nr0 = min(sl, T)                                  # rank 0's real rows
+    want = {}
+
+    def add(kind, sent, calls=1):
+        c, b = want.get(kind, (0, 0))
+        want[kind] = (c + calls, None if sent is None or b is None else b + sent)
+
+    def allreduce(p, b):
+        return 2 * (p - 1) * b // p if p > 1 else 0
+
+    for layer in range(layers):
+        add("allgather", (P - 1) * sl * wire_row(H, H, quant))                  # normed rows
+        add("alltoall", (P - 1) * sl * wire_row(Q // P * D, Q // P * D, quant))  # attention output
+        if not moe or layer in dense_layers:
+            add("allgather", (P - 1) * sl * wire_row(H, H, quant))
+            add("reduce_scatter_sum", (P - 1) * sl * 4 * H)
+        elif alltoall:
+            add("alltoall", (P - 1) * (N // P) * 4)                              # per-expert counts
+            add("alltoallv", None, 2)                                            # dispatch, combine
+            if tp > 1:
+                add("allreduce_sum", allreduce(tp, nr0 * 4 * H))
+        else:
+            add("allgather", (P - 1) * sl * wire_row(H + 2 * K, H, quant))       # rows + ids + weights
+            add("reduce_scatter_sum", (P - 1) * sl * 4 * H)
+            if tp > 1:
+                add("allreduce_sum", allreduce(tp, sl * 4 * H))
+    add("allgather", (P - 1) * sl * 4 * H)                                       # final rows, fp32
+    if lmhead > 1:
+        for t0 in range(0, T, 16):                                               # Q3_LM_ROWS at a time
+            add("allgather", (lmhead - 1) * min(16, T - t0) * 4 * (V // lmhead))
+    return want
+
+
+# name: (model, ranks, plan flags, prompt length)
+SP_BYTES = {
+    "tp2_ep2": ("moe", 2, ["--attn-tp", "2", "--lmhead-tp", "2"], 11),
+    "tp4_kv_replicated_dense_layer": ("kv2_mixed", 4, ["--attn-tp", "4", "--lmhead-tp", "1"], 11),
+    "tp4_two_empty_ranks": ("kv2_mixed", 4, ["--attn-tp", "4", "--lmhead-tp", "1"], 2),
+    "tp4_alltoall": ("kv2_mixed", 4, ["--attn-tp", "4", "--moe-ep-comm", "alltoall", "--lmhead-tp", "2"], 11),
+    "tp2_ep2_moe_tp2": ("moe", 4, ["--attn-tp", "2", "--moe-ep", "2", "--moe-tp", "2"], 11),
+    "tp2_ep2_moe_tp2_alltoall": ("moe", 4, ["--attn-tp", "2", "--moe-ep", "2", "--moe-tp", "2",
+                                            "--moe-ep-comm", "alltoall"], 11),
+    "dense_tp2": ("dense", 2, ["--attn-tp", "2"], 11),
+}
+
+
+@pytest.mark.parametrize("quant", ["none", "mxfp8"])
+@pytest.mark.parametrize("case", sorted(SP_BYTES))
+def test_sp_prefill_bytes(case, quant, models, tmp_path):
+    _, paths = models
+    model_name, np_, flags, T = SP_BYTES[case]
+    ids = ",".join(map(str, IDS[:T]))
+    cmd = ["logits", "-m", paths[model_name], "--ids", ids, "-o", tmp_path / "par.bin", "--force", "-t", "1",
+           "--comm-stats", "--comm-quant", quant] + flags
+    _, _, err = run(mpi(np_, cmd))
+    assert re.search(r"^\s+SP prefill\s+yes", err, re.M), f"{case}: SP prefill is not on:\n{err[-3000:]}"
+    got_logits = np.fromfile(tmp_path / "par.bin", dtype="<f4").reshape(T, -1)
+    if quant == "none":
+        _, _, _ = run([Q3MOE, "logits", "-m", paths[model_name], "--ids", ids, "-o", tmp_path / "ref.bin", "-t", "1"])
+        ref = np.fromfile(tmp_path / "ref.bin", dtype="<f4").reshape(T, -1)
+        tol = 1e-4 * max(1.0, float(np.abs(ref).max()))
+        assert float(np.abs(got_logits - ref).max()) <= tol, case
+    cfg = config_of(paths[model_name])
+    sizes = resolved_sizes(err)
+    want = expected_sp_prefill(cfg, T, sizes, quant == "mxfp8")
+    stats = parse_stats(err, "prefill")
+    assert set(stats) == set(want), f"{case}: prefill collectives {sorted(stats)}, expected {sorted(want)}\n{err[-3000:]}"
+    H = cfg["hidden_size"]
+    for kind, (calls, sent) in want.items():
+        g = stats[kind]
+        if sent is None:
+            # alltoallv: rank 0 dispatches r_out rows (wire format) and gets their outputs back in
+            # fp32; it receives r_in dispatched rows and returns r_in fp32 outputs. Both counts are
+            # routing-dependent, but the bytes must split into whole rows of those formats.
+            wb, fb = wire_row(H, H, quant == "mxfp8"), 4 * H
+            assert g[0] == calls, f"{case}: prefill {kind}: {g[0]} calls, expected {calls}"
+            K = cfg["num_experts_per_tok"]
+            fits = [(ro, (g[1] - ro * wb) // fb) for ro in range(T * K * calls // 2 + 1)
+                    if g[1] >= ro * wb and (g[1] - ro * wb) % fb == 0
+                    and g[2] == ((g[1] - ro * wb) // fb) * wb + ro * fb]
+            assert fits, f"{case}: prefill alltoallv sent/recv {g[1]}/{g[2]} are not whole rows of {wb} / {fb} B"
+            print(f"{case} {quant}: prefill alltoallv sent/recv {g[1]}/{g[2]} = (rows out, rows in) {fits[0]} "
+                  f"x ({wb} B dispatch, {fb} B combine)")
+            continue
+        print(f"{case} {quant}: prefill {kind}: calls {g[0]} sent {g[1]} recv {g[2]} (formula {calls} / {sent})")
+        assert (g[0], g[1], g[2]) == (calls, sent, sent), \
+            f"{case}: prefill {kind}: got calls/sent/recv {g}, expected {(calls, sent, sent)}\n{err[-3000:]}"
+
+
+class CommQuantReference(reference.Model):
+    """What SP prefill with comm_quant mxfp8 computes on BF16 weights (and
+    decode with the AlltoAll exchange, whose dispatch is MXFP8 too): the
+    normed rows reach q/k/v and the MLP (dense or experts, not the router)
+    through MXFP8, the attention output reaches o_proj through MXFP8; the
+    down_proj input, every sum and the lm_head path stay as they are."""
+    quant = {"attn": True, "experts": True, "dense": True}
+
+    def linear_in(self, group, x):
+        return reference.fake_quant("mxfp8", x) if group == "attn" and self.quant["attn"] else x
+
+    def mlp(self, prefix, h):
+        on = self.quant["experts" if ".experts." in prefix else "dense"]
+        return super().mlp(prefix, reference.fake_quant("mxfp8", h) if on else h)
+
+
+# name: (model, ranks, plan flags, --prefill, exchange): the prefill runs SP
+MXFP8 = {
+    "tp2_ep2": ("moe", 2, ["--attn-tp", "2"], None, "allgather"),
+    "tp2_ep2_then_decode": ("moe", 2, ["--attn-tp", "2"], 9, "allgather"),
+    "tp4_alltoall_dense_layer": ("kv2_mixed", 4, ["--attn-tp", "4", "--moe-ep-comm", "alltoall", "--lmhead-tp", "2"],
+                                 None, "alltoall"),
+    "tp4_alltoall_then_decode": ("kv2_mixed", 4, ["--attn-tp", "4", "--moe-ep-comm", "alltoall"], 9, "alltoall"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MXFP8))
+def test_comm_quant_mxfp8_matches_quantized_reference(case, models, tmp_path):
+    _, paths = models
+    model_name, np_, flags, prefill, exchange = MXFP8[case]
+    model = paths[model_name]
+    single, _ = logits([Q3MOE], model, prefill, tmp_path / "ref.bin")
+    got, err = logits(mpi(np_, []), model, prefill, tmp_path / "par.bin", flags + ["--comm-quant", "mxfp8"])
+    assert re.search(r"^\s+comm_quant\s+mxfp8", err, re.M) and re.search(r"^\s+SP prefill\s+yes", err, re.M), err[-3000:]
+    ref_model = CommQuantReference(str(model))
+    cache = ref_model.new_cache()
+    n_pre = prefill or len(IDS)
+    rows = [ref_model.forward(IDS[:n_pre], cache)]
+    # decode steps: the attention and dense layers allreduce in fp32; AlltoAll still dispatches MXFP8
+    ref_model.quant = {"attn": False, "experts": exchange == "alltoall", "dense": False}
+    for i in range(n_pre, len(IDS)):
+        rows.append(ref_model.forward(IDS[i:i + 1], cache))
+    ref = np.concatenate(rows)
+    scale = max(1.0, float(np.abs(ref).max()))
+    moved = float(np.abs(got - single).max())
+    delta = float(np.abs(got - ref).max())
+    print(f"{case}: comm_quant mxfp8: max|delta| vs single rank {moved:.3g}, vs quantized reference {delta:.3g} "
+          f"(scale {scale:.3g})")
+    # quantization happened: far beyond the 1e-4 agreement of the unquantized runs ...
+    assert moved > 10 * 1e-4 * scale, f"{case}: mxfp8 changed the logits by only {moved:.3g}"
+    # ... and it is exactly the MXFP8 of those payloads (test_quant_reference.py's tolerance)
+    assert delta <= 1e-3 * scale, f"{case}: max|delta| {delta:.3g} vs the quantized reference > {1e-3 * scale:.3g}"
+
+
+@pytest.mark.parametrize("exchange", ["allgather", "alltoall"])
+def test_comm_quant_mxfp8_is_lossless_on_mxfp8_activations(exchange, models, tmp_path):
+    """W4A8 .q3m: every quantized payload feeds an MX linear whose input is
+    MXFP8 anyway, so quantizing it on the wire changes nothing."""
+    _, paths = models
+    model = paths["kv2_mixed.q3m"]
+    flags = ["--attn-tp", "2", "--moe-ep", "2", "--comm-quant", "mxfp8", "--moe-ep-comm", exchange]
+    for prefill in (None, len(IDS) - 1):
+        ref, _ = logits([Q3MOE], model, prefill, tmp_path / "ref.bin")
+        got, err = logits(mpi(2, []), model, prefill, tmp_path / "par.bin", flags)
+        assert re.search(r"^\s+SP prefill\s+yes", err, re.M), err[-3000:]
+        tol = 1e-4 * max(1.0, float(np.abs(ref).max()))
+        delta = float(np.abs(got - ref).max())
+        print(f"W4A8 {exchange} prefill={prefill or 'all'}: comm_quant mxfp8 max|delta| {delta:.3g} (tolerance {tol:.3g})")
+        assert delta <= tol
+
+
+def test_no_sp_note_printed_once(models, tmp_path):
+    _, paths = models
+    _, err = logits(mpi(4, []), paths["moe"], None, tmp_path / "par.bin",
+                    ["--attn-tp", "4", "--moe-ep", "2", "--moe-tp", "2"])
+    assert err.count("no sequence-parallel prefill: it needs attn_tp_size == moe_ep_size (here 4 and 2)") == 1, err

@@ -152,7 +152,7 @@ def test_qwen3_235b_prediction_uses_the_comm_formulas(big, work, ranks, quant, e
     dec = {r["where"]: r for r in j["decode"]["comm"]}
     assert set(dec) == {"attention", "MoE", "lm_head"}
     for where, kind, size, b in [("attention", "allreduce_sum", ranks, H * 4), ("MoE", "allreduce_sum", ranks, H * 4),
-                                 ("lm_head", "allgather", ranks, V // ranks * 4)]:
+                                 ("lm_head", "allgather", ranks, 20 * 8)]:   # top-k 20 (id, logit) candidates
         r = dec[where]
         assert (r["collective"], r["group_size"]) == (kind, size), r
         assert max(r["bytes_sent_per_call"], r["bytes_recv_per_call"]) == link(kind, size, b), r
@@ -161,8 +161,12 @@ def test_qwen3_235b_prediction_uses_the_comm_formulas(big, work, ranks, quant, e
     s = -(-S // ranks)
     row_in = s * (H + H // 32 if extra else H * 4)
     assert pre["attention in"]["bytes_sent_per_call"] == link("allgather", ranks, row_in)
-    assert pre["attention out"]["bytes_sent_per_call"] == link("reduce_scatter_sum", ranks, s * H * 4)
-    assert pre["MoE in"]["bytes_sent_per_call"] == link("allgather", ranks, row_in)
+    qd = 64 // ranks * 128   # each rank's heads x head_dim: the attention output alltoall's row
+    row_att = s * (qd + qd // 32 if extra else qd * 4)
+    assert pre["attention out"]["collective"] == "alltoall"
+    assert pre["attention out"]["bytes_sent_per_call"] == link("alltoall", ranks, row_att)
+    # the MoE rows carry their top-8 ids and weights in fp32
+    assert pre["MoE in"]["bytes_sent_per_call"] == link("allgather", ranks, row_in + s * 2 * 8 * 4)
     assert pre["last token"]["bytes_recv_per_call"] == H * 4
     total = sum(r["calls"] * max(r["bytes_sent_per_call"], r["bytes_recv_per_call"]) for r in j["decode"]["comm"])
     assert total == pytest.approx(j["decode"]["comm_bytes_per_rank"])

@@ -31,12 +31,14 @@ sys.path.insert(0, str(REPO / "tools"))
 import mx_ref  # noqa: E402
 import reference  # noqa: E402
 
-# (--ffn, --attn, --act)
+# (--ffn, --attn, --act[, --head])
 SCHEMES = {
     "w4a8": ("mxfp4", "mxfp8", "mxfp8"),
     "w8a8": ("mxfp8", "mxfp8", "mxfp8"),
     "w4_weight_only": ("mxfp4", "bf16", "none"),
     "w8_weight_only": ("mxfp8", "mxfp8", "none"),
+    "w4a8_head8": ("mxfp4", "mxfp8", "mxfp8", "mxfp8"),
+    "w4_head4": ("mxfp4", "bf16", "none", "mxfp4"),
 }
 SMALL = ["--preset", "tiny", "--layers", "2", "--vocab", "512", "--tokenizer", "none"]
 CHECKPOINTS = {
@@ -54,8 +56,8 @@ def run(cmd, **kw):
 
 
 def scheme_flags(scheme):
-    ffn, attn, act = SCHEMES[scheme]
-    return ["--ffn", ffn, "--attn", attn, "--act", act]
+    ffn, attn, act, head = (SCHEMES[scheme] + ("bf16",))[:4]
+    return ["--ffn", ffn, "--attn", attn, "--act", act, "--head", head]
 
 
 @pytest.fixture(scope="session")
@@ -162,3 +164,19 @@ def test_reference_scheme_flags(ref_models, tmp_path):
     cache = models["w4a8"].new_cache()
     steps = np.concatenate([models["w4a8"].forward([i], cache) for i in ids])
     assert np.abs(steps - w4a8).max() < 1e-9
+    # --head quantizes lm_head (and, under --act mxfp8, its input) by more than the tolerance
+    head8 = reference.Model(str(d), "mxfp4", "mxfp8", "mxfp8", "mxfp8")
+    assert np.abs(head8.forward(ids, head8.new_cache()) - w4a8).max() > 10 * tol
+
+
+def test_head_refused_for_tied_embeddings(tmp_path):
+    """A tied lm_head is the embedding table: --head must say so, not silently do nothing."""
+    d = tmp_path / "tied"
+    run([Q3MOE, "synth", "-o", d, "--preset", "tiny-dense", "--layers", "1", "--vocab", "512", "--tokenizer", "none"])
+    p = subprocess.run([Q3MOE, "convert", "-m", str(d), "-o", str(tmp_path / "t.q3m"), "--head", "mxfp8"],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "lm_head" in p.stderr and "tie_word_embeddings" in p.stderr, p.stderr
+    assert not (tmp_path / "t.q3m").exists()
+    p = subprocess.run([Q3MOE, "convert", "-m", str(d), "-o", str(tmp_path / "t.q3m"), "--head", "fp16"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--head" in p.stderr, p.stderr

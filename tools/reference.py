@@ -95,11 +95,11 @@ def rotate_half(x):
 
 
 class Model:
-    def __init__(self, d, ffn="bf16", attn="bf16", act="none"):
+    def __init__(self, d, ffn="bf16", attn="bf16", act="none", head="bf16"):
         with open(os.path.join(d, "config.json")) as f:
             c = json.load(f)
         self.w = read_checkpoint(d)
-        self.scheme = {"ffn": ffn, "attn": attn}
+        self.scheme = {"ffn": ffn, "attn": attn, "head": head}
         self.act = act
         for name in self.w:
             for group, pattern in GROUPS:
@@ -121,6 +121,10 @@ class Model:
                        for l in range(self.n_layers)]
         self.lm_head = self.w["model.embed_tokens.weight"] if c.get("tie_word_embeddings") \
             else self.w["lm_head.weight"]
+        if head != "bf16":
+            if c.get("tie_word_embeddings"):
+                raise ValueError("--head needs a separate lm_head.weight (the model ties it to the embeddings)")
+            self.lm_head = fake_quant(head, self.lm_head)
 
     def linear_in(self, group, x):
         """The input of a linear of `group` as the scheme sees it (MXFP8 per 32-block under --act mxfp8)."""
@@ -186,7 +190,7 @@ class Model:
             x = x + self.attention(l, rmsnorm(x, w[p + "input_layernorm.weight"], self.eps), cache, pos)
             h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], self.eps)
             x = x + (self.moe(l, h) if self.sparse[l] else self.mlp(p + "mlp.", h))
-        return rmsnorm(x, w["model.norm.weight"], self.eps) @ self.lm_head.T
+        return self.linear_in("head", rmsnorm(x, w["model.norm.weight"], self.eps)) @ self.lm_head.T
 
     def greedy(self, ids, n):
         cache = self.new_cache()
@@ -214,6 +218,8 @@ def main():
                        help="expert / dense-MLP weights (default bf16: as stored)")
         p.add_argument("--attn", choices=["mxfp8", "mxfp4", "bf16"], default="bf16",
                        help="q/k/v/o_proj weights (default bf16: as stored)")
+        p.add_argument("--head", choices=["mxfp8", "mxfp4", "bf16"], default="bf16",
+                       help="lm_head weight (default bf16: as stored)")
         p.add_argument("--act", choices=["mxfp8", "none"], default="none",
                        help="inputs of the quantized linears (default none)")
     lg.add_argument("-o", "--output", required=True, help="output file")
@@ -221,7 +227,7 @@ def main():
     a = ap.parse_args()
 
     try:
-        model = Model(a.model, ffn=a.ffn, attn=a.attn, act=a.act)
+        model = Model(a.model, ffn=a.ffn, attn=a.attn, act=a.act, head=a.head)
     except ValueError as e:  # mx_ref: a dimension that is not a multiple of 32, or a non-finite weight
         sys.exit(f"reference.py: {a.model}: {e}")
     vocab = model.lm_head.shape[0]

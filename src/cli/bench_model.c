@@ -1,5 +1,6 @@
 #include "cli/bench_model.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,19 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int g_log = 1;
+
+void bench_log_enable(int on) { g_log = on; }
+
+void bench_log(const char *fmt, ...) {
+    if (!g_log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("[bench] ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
 }
 
 void bench_fill_ids(int32_t *ids, int n, int vocab, uint64_t seed) {
@@ -93,19 +107,22 @@ double bench_kv_bytes(const q3_config *c, int pos) {
     return 2.0 * c->num_layers * (double)(pos + 1) * c->num_kv_heads * c->head_dim * sizeof(float);
 }
 
-int bench_run_prefill(const q3_model *m, q3_state *s, float *logits, const int32_t *ids, int P, int reps, double *ms) {
+int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms) {
     for (int r = 0; r < reps; r++) {
-        q3_state_reset(s);
+        q3_state_reset(&se->state);
         double t0 = now_ms();
-        if (q3_forward(m, s, ids, P, logits, 0)) return -1;
+        if (q3_forward(&se->model, &se->state, ids, P, se->logits, 0)) return -1;
+        (void)session_sample(se, smp);
         ms[r] = now_ms() - t0;
-        fprintf(stderr, "[bench] prefill %d tokens, rep %d/%d: %.2f ms\n", P, r + 1, reps, ms[r]);
+        bench_log("prefill %d tokens, rep %d/%d: %.2f ms\n", P, r + 1, reps, ms[r]);
     }
     return 0;
 }
 
-int bench_run_decode(const q3_model *m, q3_state *s, float *logits, const int32_t *ids, int depth, int n, int reps,
-                     double *ms, uint64_t *hits_delta) {
+int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int depth, int n, int reps, double *ms,
+                     uint64_t *hits_delta) {
+    const q3_model *m = &se->model;
+    q3_state *s = &se->state;
     const q3_config *c = &m->cfg;
     const size_t nh = c->is_moe ? (size_t)c->num_layers * c->num_experts : 0;
     uint64_t *before = nh ? q3_malloc(nh * sizeof *before) : NULL;
@@ -118,13 +135,14 @@ int bench_run_decode(const q3_model *m, q3_state *s, float *logits, const int32_
         double sum = 0;
         for (int i = 0; rc == 0 && i < n; i++) {
             double t0 = now_ms();
-            if (q3_forward(m, s, ids + depth + i, 1, logits, 0)) rc = -1;
+            if (q3_forward(m, s, ids + depth + i, 1, se->logits, 0)) rc = -1;
+            else (void)session_sample(se, smp);
             ms[(size_t)r * n + i] = now_ms() - t0;
             sum += ms[(size_t)r * n + i];
         }
         if (rc == 0 && nh && s->expert_hits)
             for (size_t k = 0; k < nh; k++) hits_delta[k] += s->expert_hits[k] - before[k];
-        if (rc == 0) fprintf(stderr, "[bench] decode at depth %d, rep %d/%d: %d steps, mean %.2f ms/token\n", depth, r + 1, reps, n, sum / n);
+        if (rc == 0) bench_log("decode at depth %d, rep %d/%d: %d steps, mean %.2f ms/token\n", depth, r + 1, reps, n, sum / n);
     }
     free(before);
     return rc;

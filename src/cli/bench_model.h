@@ -6,7 +6,13 @@
 
 #include <stdint.h>
 
-#include "model/forward.h"
+#include "cli/session.h"
+#include "util/error.h"
+
+/* "[bench] ..." progress lines on stderr, unless switched off (the ranks
+ * other than 0 of a multi-rank bench). */
+void bench_log(const char *fmt, ...) Q3_PRINTF(1, 2);
+void bench_log_enable(int on);
 
 /* Deterministic pseudo-random token ids in [0, vocab). */
 void bench_fill_ids(int32_t *ids, int n, int vocab, uint64_t seed);
@@ -33,14 +39,16 @@ double bench_expert_bytes(const q3_model *m, const uint64_t *hits);
 /* K and V cache bytes attention reads for a token at position pos. */
 double bench_kv_bytes(const q3_config *c, int pos);
 
-/* `reps` timed prefills of P tokens, each after q3_state_reset; ms[reps]. */
-int bench_run_prefill(const q3_model *m, q3_state *s, float *logits, const int32_t *ids, int P, int reps, double *ms);
-/* reps x (reset, untimed prefill of `depth` ids, n timed single-token steps
- * with logits); ms[reps * n]. hits_delta ([layers][experts], zeroed here)
- * receives the experts routed to during the timed steps only. s->expert_hits
- * must be allocated for MoE models. */
-int bench_run_decode(const q3_model *m, q3_state *s, float *logits, const int32_t *ids, int depth, int n, int reps,
-                     double *ms, uint64_t *hits_delta);
+/* `reps` timed prefills of P tokens, each after q3_state_reset and ending
+ * with the first token sampled by smp (as generate does); ms[reps]. */
+int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms);
+/* reps x (reset, untimed prefill of `depth` ids, n timed single-token steps,
+ * each a forward pass and a sample); ms[reps * n]. The steps feed ids, not
+ * the sampled tokens, so every run sees the same tokens. hits_delta
+ * ([layers][experts], zeroed here) receives the experts routed to during
+ * the timed steps only. state.expert_hits must be allocated for MoE models. */
+int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int depth, int n, int reps, double *ms,
+                     uint64_t *hits_delta);
 
 /* Linear-interpolated percentile (0..100) of n values (sorted in place). */
 double bench_percentile(double *v, int n, double pct);

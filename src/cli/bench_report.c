@@ -10,6 +10,54 @@
 
 static double pct(double x, double of) { return of > 0 ? 100.0 * x / of : 0; }
 
+/* One phase's counters per unit (prompt or token), one line per kind used. */
+static void print_comm_rows(FILE *f, const bench_comm *b, const char *label) {
+    int any = 0;
+    for (int k = 0; k < Q3_COLL_N; k++) {
+        const q3_comm_stat *s = &b->coll[k];
+        if (!s->calls) continue;
+        any = 1;
+        fprintf(f, "  %-16s %-19s %9.2f %14.1f %14.1f %10.3f\n", label, q3_coll_name((q3_coll)k), s->calls / b->units,
+                s->bytes_sent / b->units, s->bytes_recv / b->units, s->seconds * 1e3 / b->units);
+    }
+    if (!any) fprintf(f, "  %-16s %-19s %9.2f %14.1f %14.1f %10.3f\n", label, "(none)", 0.0, 0.0, 0.0, 0.0);
+}
+
+/* Per layer: wall, compute (wall - comm) and comm ms per unit; then what
+ * runs outside the layers (embedding, final norm, lm_head, sampling). */
+static void print_layers(FILE *f, const bench_comm *b, const char *label) {
+    double lw = 0, lc = 0, all_comm = 0;
+    for (int k = 0; k < Q3_COLL_N; k++) all_comm += b->coll[k].seconds;
+    for (int l = 0; l < b->layers; l++) {
+        double w = b->layer_s[l] / b->units, c = b->layer_comm_s[l] / b->units;
+        lw += w, lc += c;
+        fprintf(f, "  %-16s %5d %11.3f %11.3f %11.3f\n", label, l, w * 1e3, (w - c) * 1e3, c * 1e3);
+    }
+    double ow = b->step_s / b->units - lw, oc = all_comm / b->units - lc;
+    fprintf(f, "  %-16s %5s %11.3f %11.3f %11.3f   (embedding, lm_head, sampling)\n", label, "rest", ow * 1e3,
+            (ow - oc) * 1e3, oc * 1e3);
+}
+
+static void print_comm(FILE *f, const bench_results *r) {
+    fprintf(f, "\ncommunication (rank 0 of %d; link bytes per rank as src/parallel/comm.h counts them; time inside\n"
+               "the collectives, waiting for peers included)%s\n",
+            r->world, r->world > 1 ? "" : ": one rank, nothing crosses a link, all zero");
+    fprintf(f, "  %-16s %-19s %9s %14s %14s %10s\n", "phase, per", "collective", "calls", "bytes sent", "bytes recv", "ms");
+    char label[48];
+    for (int i = 0; i < r->n_prefill; i++) {
+        snprintf(label, sizeof label, "prefill %d-tok", r->prefill[i].tokens);
+        print_comm_rows(f, &r->prefill_comm[i], label);
+    }
+    if (r->decode.ran) print_comm_rows(f, &r->decode_comm, "decode token");
+    fprintf(f, "\nper layer (ms per prompt / per token; compute = wall - comm)\n");
+    fprintf(f, "  %-16s %5s %11s %11s %11s\n", "phase, per", "layer", "wall ms", "compute ms", "comm ms");
+    for (int i = 0; i < r->n_prefill; i++) {
+        snprintf(label, sizeof label, "prefill %d-tok", r->prefill[i].tokens);
+        print_layers(f, &r->prefill_comm[i], label);
+    }
+    if (r->decode.ran) print_layers(f, &r->decode_comm, "decode token");
+}
+
 void bench_print_table(FILE *f, const bench_results *r) {
     const bench_machine *mc = &r->machine;
     if (r->has_model) {
@@ -24,7 +72,11 @@ void bench_print_table(FILE *f, const bench_results *r) {
     fprintf(f, "machine    %s, %d logical cores, %d thread%s", mc->cpu, mc->cores, mc->threads, mc->threads == 1 ? "" : "s");
     if (mc->loadavg >= 0) fprintf(f, ", load average %.2f at start", mc->loadavg);
     fprintf(f, "\n");
-    if (r->has_model) fprintf(f, "context    %d tokens (KV cache)\n", r->ctx);
+    if (r->has_model) {
+        fprintf(f, "context    %d tokens (KV cache)\n", r->ctx);
+        fprintf(f, "sampling   every step samples a token: temperature %g, top-k %d, top-p %g; %d rank%s\n",
+                (double)r->sp.temperature, r->sp.top_k, (double)r->sp.top_p, r->world, r->world == 1 ? "" : "s");
+    }
     fprintf(f, "FMA peak   %.1f GFLOP/s (%s, %d independent chains per thread, all threads)\n", r->fma.gflops,
             r->fma.method, r->fma.chains);
     if (r->membw.ran)
@@ -34,7 +86,7 @@ void bench_print_table(FILE *f, const bench_results *r) {
     if (!r->has_model) return;
 
     if (r->n_prefill) {
-        fprintf(f, "\nprefill (last-row logits; %d reps each)\n", r->prefill[0].reps);
+        fprintf(f, "\nprefill (last-row logits and the first token sampled; %d reps each)\n", r->prefill[0].reps);
         fprintf(f, "  %8s %11s %11s %11s %10s %10s %8s\n", "tokens", "median ms", "min ms", "max ms", "tok/s", "GFLOP/s",
                 "% peak");
         for (int i = 0; i < r->n_prefill; i++) {
@@ -45,8 +97,8 @@ void bench_print_table(FILE *f, const bench_results *r) {
     }
     const bench_decode_result *d = &r->decode;
     if (d->ran) {
-        fprintf(f, "\ndecode (1 token per step, logits every step; after a %d-token prefill; %d steps x %d reps)\n", d->depth,
-                d->steps, d->reps);
+        fprintf(f, "\ndecode (1 token per step, logits and a sampled token every step; after a %d-token prefill; %d steps x %d reps)\n",
+                d->depth, d->steps, d->reps);
         fprintf(f, "  %8s %8s %8s %8s %12s %9s %8s\n", "p50 ms", "p90 ms", "p99 ms", "tok/s", "weight MB/tok", "GB/s",
                 "% membw");
         char pm[16];
@@ -72,6 +124,7 @@ void bench_print_table(FILE *f, const bench_results *r) {
         fprintf(f, "  warm %10.1f ms  (process exit %.1f ms, peak RSS %.1f MiB); second of two runs after the cold one\n",
                 t->warm_ms, t->warm_exit_ms, t->warm_rss_kb / 1024.0);
     }
+    if (r->comm_stats) print_comm(f, r);
     fprintf(f, "\npeak RSS   bench process %.1f MiB (model runs)", r->rss_kb / 1024.0);
     if (t->ran) fprintf(f, ", TTFT child %.1f MiB", (t->cold_rss_kb > t->warm_rss_kb ? t->cold_rss_kb : t->warm_rss_kb) / 1024.0);
     fprintf(f, "\n");
@@ -80,6 +133,47 @@ void bench_print_table(FILE *f, const bench_results *r) {
 static void set_num(json_t *o, const char *k, double v) { json_object_set_new(o, k, json_real(v)); }
 static void set_int(json_t *o, const char *k, long long v) { json_object_set_new(o, k, json_integer((json_int_t)v)); }
 static void set_str(json_t *o, const char *k, const char *v) { json_object_set_new(o, k, json_string(v)); }
+
+/* One phase of --comm-stats, everything per unit (prompt or token). */
+static json_t *comm_json(const bench_comm *b, const char *per) {
+    json_t *o = json_object(), *kinds = json_object(), *layers = json_array();
+    const double u = b->units;
+    set_str(o, "per", per);
+    set_num(o, "units_measured", u);
+    double comm = 0;
+    for (int k = 0; k < Q3_COLL_N; k++) {
+        const q3_comm_stat *s = &b->coll[k];
+        comm += s->seconds;
+        if (!s->calls) continue;
+        json_t *j = json_object();
+        set_num(j, "calls", s->calls / u);
+        set_num(j, "bytes_sent", s->bytes_sent / u);
+        set_num(j, "bytes_recv", s->bytes_recv / u);
+        set_num(j, "ms", s->seconds * 1e3 / u);
+        json_object_set_new(kinds, q3_coll_name((q3_coll)k), j);
+    }
+    json_object_set_new(o, "collectives", kinds);
+    set_num(o, "bytes_sent", bench_comm_bytes_per_unit(b));
+    set_num(o, "comm_ms", comm * 1e3 / u);
+    set_num(o, "wall_ms", b->step_s * 1e3 / u);
+    double lw = 0, lc = 0;
+    for (int l = 0; l < b->layers; l++) {
+        json_t *j = json_object();
+        double w = b->layer_s[l] / u, c = b->layer_comm_s[l] / u;
+        lw += w, lc += c;
+        set_int(j, "layer", l);
+        set_num(j, "wall_ms", w * 1e3);
+        set_num(j, "compute_ms", (w - c) * 1e3);
+        set_num(j, "comm_ms", c * 1e3);
+        json_array_append_new(layers, j);
+    }
+    json_object_set_new(o, "layers", layers);
+    json_t *rest = json_object();
+    set_num(rest, "wall_ms", (b->step_s / u - lw) * 1e3);
+    set_num(rest, "comm_ms", (comm / u - lc) * 1e3);
+    json_object_set_new(o, "outside_layers", rest);
+    return o;
+}
 
 int bench_write_json(const char *path, int force, const bench_results *r) {
     json_t *root = json_object(), *o;
@@ -174,6 +268,23 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "resident_fraction_after_evict", t->resident_after_evict);
         } else json_object_set_new(root, "ttft", json_null());
         set_int(root, "peak_rss_bytes", (long long)r->rss_kb * 1024);
+        json_object_set_new(root, "sampling", o = json_object());
+        set_num(o, "temperature", r->sp.temperature);
+        set_int(o, "top_k", r->sp.top_k);
+        set_num(o, "top_p", r->sp.top_p);
+        set_int(root, "ranks", r->world);
+        if (r->comm_stats) {
+            json_t *cs = json_object(), *pa = json_array();
+            set_int(cs, "rank", 0);
+            for (int i = 0; i < r->n_prefill; i++) {
+                json_t *j = comm_json(&r->prefill_comm[i], "prompt");
+                set_int(j, "tokens", r->prefill[i].tokens);
+                json_array_append_new(pa, j);
+            }
+            json_object_set_new(cs, "prefill", pa);
+            json_object_set_new(cs, "decode", r->decode.ran ? comm_json(&r->decode_comm, "token") : json_null());
+            json_object_set_new(root, "comm_stats", cs);
+        }
     }
     int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (force ? O_TRUNC : O_EXCL), 0644);
     if (fd < 0) {

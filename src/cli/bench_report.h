@@ -4,9 +4,11 @@
 
 #include <stdio.h>
 
+#include "cli/bench_comm.h"
 #include "cli/bench_machine.h"
 #include "cli/bench_ttft.h"
 #include "model/config.h"
+#include "sample/sampler.h"
 
 typedef struct {
     int tokens, reps;
@@ -48,6 +50,12 @@ typedef struct {
     bench_decode_result decode;
     bench_ttft ttft;
     long rss_kb;                    /* bench process peak RSS after the model runs */
+    /* ranks and sampling (every step ends with a sampled token) */
+    int world;
+    q3_sampler_params sp;
+    /* --comm-stats: per prefill length (prefill_comm[n_prefill]) and decode */
+    int comm_stats;
+    bench_comm *prefill_comm, decode_comm;
 } bench_results;
 
 void bench_print_table(FILE *f, const bench_results *r);

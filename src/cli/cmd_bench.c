@@ -11,12 +11,15 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "cli/bench_comm.h"
 #include "cli/bench_machine.h"
 #include "cli/bench_model.h"
 #include "cli/bench_report.h"
 #include "cli/bench_ttft.h"
 #include "cli/commands.h"
+#include "cli/par.h"
 #include "cli/session.h"
+#include "parallel/comm.h"
 #include "quant/cache.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -52,7 +55,18 @@ static void usage(FILE *f) {
             "  --membw-mb MB     bandwidth test buffer size in MiB (default 1024)\n"
             "  --no-ttft         skip the time-to-first-token runs\n"
             "  --ttft-p N        prompt length of the time-to-first-token runs (default: the\n"
-            "                    first -p length, or 128)\n");
+            "                    first -p length, or 128)\n"
+            "  --temp T          sampling temperature of every prefill and decode step (default 0.6,\n"
+            "                    generate's; 0 = greedy)\n"
+            "  --top-k K         top-k of that sampling (default 20, generate's; 0 = off, which\n"
+            "                    gathers whole logits rows on a vocab-split lm_head)\n"
+            "  --comm-stats      per phase (prefill per prompt, decode per token) and collective:\n"
+            "                    calls, link bytes and time, and per layer compute vs comm time\n"
+            "                    (rank 0's; all zero on one rank)\n\n"
+            "Under mpirun -np P with --config FILE (or the plan flags) the model is split as in\n"
+            "generate; every rank runs the same steps, rank 0 prints and writes --json, and the\n"
+            "time-to-first-token runs are skipped.\n");
+    par_opts_help(f);
 }
 
 static int fail(const char *fmt, ...) Q3_PRINTF(1, 2);
@@ -108,14 +122,21 @@ static const char *base_name(const char *dir, char *buf, size_t cap) {
     return buf;
 }
 
+static double sum_ms(const double *ms, int n) {
+    double t = 0;
+    for (int i = 0; i < n; i++) t += ms[i];
+    return t;
+}
+
 static long peak_rss_kb(void) {
     struct rusage ru;
     return getrusage(RUSAGE_SELF, &ru) ? 0 : ru.ru_maxrss;
 }
 
-/* Everything that needs the loaded model. */
+/* Everything that needs the loaded model. Every step ends with a token
+ * sampled as generate does (sp), distributed on a vocab-split lm_head. */
 static int run_model(bench_results *r, q3_session *s, const int *plen, int np, long n_dec, long reps, long depth,
-                     const int32_t *ids) {
+                     const int32_t *ids, const q3_sampler_params *sp, int rank) {
     const q3_model *m = &s->model;
     const q3_config *c = &m->cfg;
     bench_checkpoint_size(m, &r->params, &r->bytes, &r->dtype);
@@ -124,18 +145,22 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
     uint64_t *delta = nh ? q3_calloc(nh, sizeof *delta) : NULL;
     if (nh) s->state.expert_hits = q3_calloc(nh, sizeof(uint64_t));
     double *ms = q3_malloc((size_t)reps * (size_t)(n_dec > 1 ? n_dec : 1) * sizeof *ms);
-    int rc = 0;
+    q3_sampler *smp = q3_sampler_new(sp, c->vocab_size);
+    int rc = smp ? session_sampling_setup(s, sp, rank == 0) : -1;
+    if (r->comm_stats) r->prefill_comm = q3_calloc((size_t)(np ? np : 1), sizeof *r->prefill_comm);
 
     /* One untimed run faults the weights in and starts the thread pool. */
     int warm = np ? plen[0] : (n_dec > 0 && depth > 0 ? (int)depth : 1);
-    fprintf(stderr, "[bench] warm-up: untimed prefill of %d tokens\n", warm);
+    bench_log("warm-up: untimed prefill of %d tokens\n", warm);
     q3_state_reset(&s->state);
-    rc = q3_forward(m, &s->state, ids, warm, s->logits, 0);
+    if (rc == 0) rc = q3_forward(m, &s->state, ids, warm, s->logits, 0);
 
     r->prefill = q3_calloc((size_t)(np ? np : 1), sizeof *r->prefill);
     for (int i = 0; rc == 0 && i < np; i++) {
         const int P = plen[i];
-        rc = bench_run_prefill(m, &s->state, s->logits, ids, P, (int)reps, ms);
+        if (r->comm_stats) bench_comm_begin(&r->prefill_comm[i], &s->state, "prefill", c->num_layers);
+        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms);
+        if (r->comm_stats) bench_comm_end(&r->prefill_comm[i], &s->state, rc ? 0 : sum_ms(ms, (int)reps) / 1e3, (double)reps);
         if (rc) break;
         bench_prefill_result *p = &r->prefill[r->n_prefill++];
         p->tokens = P;
@@ -150,9 +175,11 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
 
     if (rc == 0 && n_dec > 0) {
         bench_decode_result *d = &r->decode;
-        rc = bench_run_decode(m, &s->state, s->logits, ids, (int)depth, (int)n_dec, (int)reps, ms, delta);
+        if (r->comm_stats) bench_comm_begin(&r->decode_comm, &s->state, "decode", c->num_layers);
+        rc = bench_run_decode(s, smp, ids, (int)depth, (int)n_dec, (int)reps, ms, delta);
+        const int total = (int)(n_dec * reps);
+        if (r->comm_stats) bench_comm_end(&r->decode_comm, &s->state, rc ? 0 : sum_ms(ms, total) / 1e3, (double)total);
         if (rc == 0) {
-            const int total = (int)(n_dec * reps);
             d->ran = 1;
             d->depth = (int)depth;
             d->steps = (int)n_dec;
@@ -178,25 +205,38 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
     s->state.expert_hits = NULL;
     free(delta);
     free(ms);
+    q3_sampler_free(smp);
     return rc;
 }
 
 int cmd_bench(int argc, char **argv) {
     const char *model_dir = NULL, *json_path = NULL, *plist = "128,512,4096", *quant = NULL;
     long n_dec = 64, reps = 5, threads = 0, depth = 128, ctx_arg = 0, membw_mb = 1024, ttft_p = 0;
-    int force = 0, membw_flag = 0, no_membw = 0, no_ttft = 0;
+    int force = 0, membw_flag = 0, no_membw = 0, no_ttft = 0, comm_stats = 0;
+    q3_sampler_params sp;
+    q3_sampler_defaults(&sp);
+    sp.temperature = 0.6f; /* generate's defaults */
+    sp.top_k = 20;
+    sp.top_p = 0.95f;
+    sp.seed = 0x5eed;
+    par_opts po;
+    par_opts_init(&po, argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        int pr = par_opts_parse(&po, "bench", &i);
+        if (pr < 0) return 2;
+        if (pr > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
+            if (po.rank == 0) usage(stdout);
             return 0;
         } else if (!strcmp(a, "--force")) force = 1;
+        else if (!strcmp(a, "--comm-stats")) comm_stats = 1;
         else if (!strcmp(a, "--membw")) membw_flag = 1;
         else if (!strcmp(a, "--no-membw")) no_membw = 1;
         else if (!strcmp(a, "--no-ttft")) no_ttft = 1;
         else if (!strcmp(a, "-m") || !strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-r") || !strcmp(a, "-t") ||
                  !strcmp(a, "--depth") || !strcmp(a, "--ctx") || !strcmp(a, "--json") || !strcmp(a, "--membw-mb") ||
-                 !strcmp(a, "--ttft-p") || !strcmp(a, "--quant")) {
+                 !strcmp(a, "--ttft-p") || !strcmp(a, "--quant") || !strcmp(a, "--temp") || !strcmp(a, "--top-k")) {
             if (i + 1 >= argc) return fail("option %s needs a value", a);
             const char *v = argv[++i];
             int bad = 0;
@@ -211,6 +251,17 @@ int cmd_bench(int argc, char **argv) {
             else if (!strcmp(a, "--ctx")) bad = parse_long(a, v, 1, 1l << 24, &ctx_arg);
             else if (!strcmp(a, "--membw-mb")) bad = parse_long(a, v, 1, 1l << 20, &membw_mb);
             else if (!strcmp(a, "--ttft-p")) bad = parse_long(a, v, 1, 1l << 24, &ttft_p);
+            else if (!strcmp(a, "--top-k")) {
+                long k;
+                bad = parse_long(a, v, 0, 1l << 24, &k);
+                sp.top_k = (int)k;
+            } else if (!strcmp(a, "--temp")) {
+                char *end;
+                errno = 0;
+                double d = strtod(v, &end);
+                if (errno || end == v || *end || !(d >= 0 && d <= 100)) bad = fail("--temp: '%s' is not a number in [0, 100]", v);
+                sp.temperature = (float)d;
+            }
             if (bad) return 2;
         } else {
             fail("unknown argument '%s' (see q3moe bench --help)", a);
@@ -220,7 +271,7 @@ int cmd_bench(int argc, char **argv) {
     int plen[MAX_PROMPTS], np = 0;
     if (parse_lengths("-p", plist, plen, &np)) return 2;
     if (membw_flag && no_membw) return fail("--membw and --no-membw contradict each other");
-    if (!model_dir && !membw_flag) {
+    if (!model_dir && !membw_flag && !po.config) {
         fail("need -m DIR (or --membw alone to measure only the machine)");
         usage(stderr);
         return 2;
@@ -228,9 +279,20 @@ int cmd_bench(int argc, char **argv) {
     if (json_path && !force && access(json_path, F_OK) == 0)
         return fail("--json: %s already exists (use --force to overwrite)", json_path);
     if (threads > 0) omp_set_num_threads((int)threads);
+    /* The plan (--config / flags, or the world size under mpirun), checked
+     * before any weight is read; -m may come from the YAML's model_path. */
+    if (model_dir || po.config || po.world > 1) {
+        int prc = par_setup(&po, "bench", &model_dir, quant);
+        if (prc) return prc;
+    }
+    const int multi = po.world > 1, rank0 = po.rank == 0;
+    bench_log_enable(rank0);
 
     bench_results r;
     memset(&r, 0, sizeof r);
+    r.comm_stats = comm_stats;
+    r.world = po.world;
+    r.sp = sp;
     bench_machine_info(&r.machine);
     int need_tok = 0, ttft_ctx = 0;
     if (model_dir) {
@@ -241,7 +303,9 @@ int cmd_bench(int argc, char **argv) {
         }
         const int max_pos = r.cfg.max_position_embeddings;
         if (!ttft_p) ttft_p = np ? plen[0] : 128;
-        if (no_ttft) ttft_p = 0;
+        if (multi && !no_ttft && rank0)
+            bench_log("%d ranks: no time-to-first-token runs (a fresh single process)\n", po.world);
+        if (no_ttft || multi) ttft_p = 0;
         int need = (int)(n_dec > 0 ? depth + n_dec : 0);
         for (int i = 0; i < np; i++) need = plen[i] > need ? plen[i] : need;
         if (need == 0) need = 1;
@@ -265,9 +329,9 @@ int cmd_bench(int argc, char **argv) {
         base_name(model_dir, r.name, sizeof r.name);
         model_dir = g_model_path;
     }
-    fprintf(stderr, "[bench] %s, %d threads\n", r.machine.cpu, r.machine.threads);
+    bench_log("%s, %d threads\n", r.machine.cpu, r.machine.threads);
     if (r.machine.loadavg > r.machine.cores - r.machine.threads + 0.5)
-        fprintf(stderr, "[bench] warning: load average %.2f on %d cores: other processes compete for the CPUs, timings will be noisy\n",
+        bench_log("warning: load average %.2f on %d cores: other processes compete for the CPUs, timings will be noisy\n",
                 r.machine.loadavg, r.machine.cores);
 
     int rc = 0;
@@ -278,25 +342,27 @@ int cmd_bench(int argc, char **argv) {
         /* TTFT first: the cold run needs the checkpoint unmapped here. */
         if (ttft_p > 0) rc = bench_measure_ttft(model_dir, ids, (int)ttft_p, (int)threads, ttft_ctx, &r.ttft);
         if (rc == 0) {
-            fprintf(stderr, "[bench] loading %s (ctx %d)\n", model_dir, r.ctx);
+            bench_log("loading %s (ctx %d)\n", model_dir, r.ctx);
             q3_session s;
-            rc = session_open(&s, model_dir, r.ctx, (int)threads, 0);
+            rc = session_open_plan(&s, model_dir, r.ctx, (int)threads, 0, par_plan(&po));
             if (rc == 0) {
                 r.cfg = s.model.cfg;
-                rc = run_model(&r, &s, plen, np, n_dec, reps, depth, ids);
+                rc = run_model(&r, &s, plen, np, n_dec, reps, depth, ids, &sp, po.rank);
                 session_close(&s);
             }
+            /* a rank that fails mid-run would leave its peers waiting */
+            if (rc && multi) par_fail(&po, "bench");
         }
     }
     if (rc == 0) {
-        fprintf(stderr, "[bench] measuring the FMA peak\n");
+        bench_log("measuring the FMA peak\n");
         bench_measure_fma(&r.fma);
         if (!no_membw) {
-            fprintf(stderr, "[bench] measuring memory read bandwidth (%ld MiB buffer)\n", membw_mb);
+            bench_log("measuring memory read bandwidth (%ld MiB buffer)\n", membw_mb);
             rc = bench_measure_membw((size_t)membw_mb << 20, MEMBW_PASSES, &r.membw);
         }
     }
-    if (rc == 0) {
+    if (rc == 0 && rank0) {
         bench_print_table(stdout, &r);
         fflush(stdout);
         if (json_path) rc = bench_write_json(json_path, force, &r);
@@ -304,5 +370,8 @@ int cmd_bench(int argc, char **argv) {
     if (rc) fprintf(stderr, "q3moe bench: error: %s\n", q3_errmsg());
     free(ids);
     free(r.prefill);
+    for (int i = 0; r.prefill_comm && i < np; i++) bench_comm_free(&r.prefill_comm[i]);
+    free(r.prefill_comm);
+    bench_comm_free(&r.decode_comm);
     return rc ? 1 : 0;
 }

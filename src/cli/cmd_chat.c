@@ -74,7 +74,9 @@ int cmd_chat(int argc, char **argv) {
         return 1;
     }
     q3_sampler *smp = q3_sampler_new(&co.sp, s.model.cfg.vocab_size);
-    if (!smp) {
+    /* One rank today (chat reads stdin); on a vocab-split model this would
+     * pick distributed sampling as generate does. */
+    if (!smp || session_sampling_setup(&s, &co.sp, 0)) {
         q3_print_error();
         session_close(&s);
         return 1;

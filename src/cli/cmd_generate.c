@@ -27,10 +27,13 @@ static void usage(FILE *f) {
                "  --no-think           with --chat: empty <think></think> block (no reasoning)\n"
                "  --stop STR           stop when STR is generated (repeatable, not printed)\n"
                "  --ignore-eos         keep going past end-of-turn tokens\n"
-               "  --print-ids          print the generated ids as a JSON array instead of text\n");
+               "  --print-ids          print the generated ids as a JSON array instead of text\n"
+               "  --comm-stats         print this rank's communication counters (rank 0, stderr) at the end\n");
     common_opts_help(f);
     fprintf(f, "\nUnder mpirun -np P the model is split over the P ranks as the plan says; rank 0 prints.\n"
-               "Every rank samples the same token from the gathered logits (same seed).\n");
+               "Every rank samples the same token (same seed): with a vocab-split lm_head each rank\n"
+               "sends only its candidates (its argmax when greedy, its top-k best with top-k on);\n"
+               "with top-k off (--top-k 0) whole logits rows are gathered.\n");
     par_opts_help(f);
 }
 
@@ -39,7 +42,7 @@ int cmd_generate(int argc, char **argv) {
     common_opts_init(&co);
     const char *prompt = NULL, *prompt_file = NULL, *ids_s = NULL, *system = NULL, *stops[MAX_STOPS];
     long n_new = 256;
-    int chat = 0, no_think = 0, ignore_eos = 0, print_ids = 0, n_stops = 0;
+    int chat = 0, no_think = 0, ignore_eos = 0, print_ids = 0, n_stops = 0, comm_stats = 0;
     par_opts po;
     par_opts_init(&po, argc, argv);
     for (int i = 1; i < argc; i++) {
@@ -57,6 +60,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--no-think")) no_think = 1;
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
+        else if (!strcmp(a, "--comm-stats")) comm_stats = 1;
         else if (!strcmp(a, "-p") || !strcmp(a, "-f") || !strcmp(a, "--ids") || !strcmp(a, "--system") ||
                  !strcmp(a, "--stop") || !strcmp(a, "-n")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;
@@ -117,7 +121,7 @@ int cmd_generate(int argc, char **argv) {
     if (rc == 0 && n_ids == 0) rc = q3_err("the prompt is empty");
     if (rc == 0) {
         smp = q3_sampler_new(&co.sp, s.model.cfg.vocab_size);
-        if (!smp) rc = -1;
+        if (!smp || session_sampling_setup(&s, &co.sp, 1)) rc = -1;
     }
     /* Only rank 0 writes stdout; the others stream into /dev/null. */
     FILE *sink = po.rank == 0 ? stdout : fopen("/dev/null", "w");
@@ -130,6 +134,7 @@ int cmd_generate(int argc, char **argv) {
     if (sink && sink != stdout) fclose(sink);
     if (rc) par_fail(&po, "generate");
     else if (po.rank == 0) gen_print_stats(&st);
+    if (rc == 0 && comm_stats && po.rank == 0) q3_comm_stats_print(stderr);
     if (smp) q3_sampler_free(smp);
     free(ids);
     free(text);

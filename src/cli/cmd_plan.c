@@ -15,17 +15,27 @@
  *     attention, dense MLP   allreduce_sum  attn_tp  H fp32
  *     MoE                    allreduce_sum  world    H fp32 (every rank
  *                            holds a share of the token's experts)
- *     lm_head                allgather      lmhead   V/L fp32 logits
+ *     lm_head                allgather      lmhead   the sampling candidates: K (id,
+ *                            logit) pairs of 8 bytes for top-k K (1 when greedy;
+ *                            q3_sampler_cands_per_rank), or V/L fp32 logits when
+ *                            --top-k 0 (top-k off: whole rows, as `logits` does)
  *   prefill, S tokens, without sequence parallelism: as decode with S
  *     rows, lm_head on the last token only.
- *   prefill with SP (attn_tp == moe_ep = A; s = ceil(S / A) rows per rank)
- *     attention, dense MLP   allgather (s H, comm_quant) + reduce_scatter_sum (s H fp32)
- *     MoE, allgather mode    allgather (s H, comm_quant) + reduce_scatter_sum (s H fp32)  moe_ep
- *     MoE, alltoall mode     alltoall dispatch (ceil(s top_k / ep) rows per peer, comm_quant)
- *                            + alltoall combine (the same rows, fp32)        moe_ep
+ *   prefill with SP (attn_tp == moe_ep = A; s = ceil(S / A) rows per rank;
+ *   forward.c and moe.c run exactly these)
+ *     attention              allgather (s rows of H, comm_quant) attn_tp
+ *                            + alltoall (s rows of Q/A * head_dim per peer, comm_quant)
+ *     dense MLP              allgather (s H, comm_quant) + reduce_scatter_sum (s H fp32)
+ *     MoE, allgather mode    allgather (s rows of H (comm_quant) + 2 top_k fp32: ids and
+ *                            weights) + reduce_scatter_sum (s H fp32)  moe_ep
+ *     MoE, alltoall mode     alltoall of per-expert counts (E/ep int32 per peer)
+ *                            + alltoallv dispatch (here: uniform routing, ceil(s top_k / ep)
+ *                            rows per peer, comm_quant) + alltoallv combine (same rows, fp32)
  *     MoE, moe_tp > 1        allreduce_sum (s H fp32)  moe_tp
- *     last token             broadcast (H fp32) world, then lm_head allgather
- * comm_quant mxfp8 moves H + H/32 bytes per row instead of 4 H. */
+ *     last token             broadcast (H fp32) attn_tp from its owner, then lm_head
+ *                            allgather (as decode)
+ * comm_quant mxfp8 moves n + n/32 bytes per quantized row of n instead of 4 n
+ * (q3_comm_wire_row_bytes). */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -39,6 +49,7 @@
 #include "model/config.h"
 #include "parallel/comm.h"
 #include "parallel/plan.h"
+#include "sample/sampler.h"
 #include "util/error.h"
 
 static void usage(FILE *f) {
@@ -62,6 +73,9 @@ static void usage(FILE *f) {
             "  --membw-gbps M         memory read bandwidth per rank, GB/s (default 100)\n"
             "  --link-gbps G          link bandwidth per rank, GB/s = 1e9 bytes/s (default 25)\n"
             "  --link-latency-us U    fixed cost per collective call, microseconds (default 5)\n"
+            "  --top-k K              sampling of generate/bench: each lm_head rank sends its K best\n"
+            "                         (id, logit) pairs per sampled token (default 20, generate's;\n"
+            "                         1 = greedy; 0 = top-k off: whole logits rows are gathered)\n"
             "  --gflops F             compute per rank, GFLOP/s: time = max(bytes/membw,\n"
             "                         flops/F) (default: memory only)\n"
             "  --json FILE            also write the prediction as JSON (an existing FILE is\n"
@@ -144,10 +158,10 @@ static void finish(phase_model *m, const machine *mc) {
     m->total_ms = m->compute_ms + m->comm_ms;
 }
 
-/* Bytes of one activation row of H elements on the wire. */
-static uint64_t row_bytes(const q3_plan *p, int quantizable) {
-    uint64_t H = (uint64_t)p->hidden;
-    return quantizable && p->comm_quant == Q3_COMM_QUANT_MXFP8 ? H + H / 32 : H * ACT_B;
+/* Bytes on the wire of one row of n floats whose first nq are MXFP8 under
+ * comm_quant (the comm layer's own formula). */
+static uint64_t wire_row(const q3_plan *p, int n, int nq) {
+    return q3_comm_wire_row_bytes((size_t)n, p->comm_quant == Q3_COMM_QUANT_MXFP8 ? (size_t)nq : 0);
 }
 
 typedef struct {
@@ -166,7 +180,7 @@ typedef struct {
     double weights, kv;   /* bytes held per rank: weights, KV cache at the prompt's length */
 } resident;
 
-static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long S, const machine *mc,
+static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long S, long top_k, const machine *mc,
                     phase_model *dec, phase_model *pre, ep_alt *alt, double *hit_out, resident *res) {
     int W = p->world_size, A = p->attn_tp_size, E = p->moe_ep_size, T = p->moe_tp_size, L = p->lmhead_tp_size;
     q3_rank_assign a;
@@ -214,6 +228,14 @@ static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long
                       n_dense * dense_elems * Sd + (V / L) * H) + layers * 2 * Qr * D * Sd * Sd;
 
     uint64_t hb = (uint64_t)p->hidden * ACT_B, logits = (uint64_t)(p->vocab / L) * ACT_B;
+    /* The sampled token's lm_head gather: candidates, or whole rows (the
+     * rule generate applies, sample/sampler.h). */
+    q3_sampler_params smp;
+    q3_sampler_defaults(&smp);
+    smp.temperature = top_k == 1 ? 0.0f : 0.6f;
+    smp.top_k = (int)top_k;
+    int cands = q3_sampler_cands_per_rank(&smp, p->vocab, p->vocab / L);
+    if (cands) logits = (uint64_t)cands * sizeof(q3_sample_cand);
     add_comm(dec, mc, "decode", "attention", Q3_COLL_ALLREDUCE, "attn_tp", A, layers, hb, 0);
     add_comm(dec, mc, "decode", "dense MLP", Q3_COLL_ALLREDUCE, "attn_tp", A, n_dense, hb, 0);
     add_comm(dec, mc, "decode", "MoE", Q3_COLL_ALLREDUCE, "world", W, n_sparse, hb, 0);
@@ -226,27 +248,32 @@ static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long
         add_comm(pre, mc, "prefill", "dense MLP", Q3_COLL_ALLREDUCE, "attn_tp", A, n_dense, Sb, 0);
         add_comm(pre, mc, "prefill", "MoE", Q3_COLL_ALLREDUCE, "world", W, n_sparse, Sb, 0);
     } else {
-        uint64_t in = s_rows * row_bytes(p, 1), out = s_rows * hb;
+        const int Hn = p->hidden, QDr = p->num_heads / A * p->head_dim, K2 = 2 * p->top_k;
+        uint64_t in = s_rows * wire_row(p, Hn, Hn), out = s_rows * hb;
         add_comm(pre, mc, "prefill", "attention in", Q3_COLL_ALLGATHER, "attn_tp", A, layers, in, 0);
-        add_comm(pre, mc, "prefill", "attention out", Q3_COLL_REDUCE_SCATTER, "attn_tp", A, layers, out, 0);
+        add_comm(pre, mc, "prefill", "attention out", Q3_COLL_ALLTOALL, "attn_tp", A, layers,
+                 s_rows * wire_row(p, QDr, QDr), 0);
         add_comm(pre, mc, "prefill", "dense MLP in", Q3_COLL_ALLGATHER, "attn_tp", A, n_dense, in, 0);
         add_comm(pre, mc, "prefill", "dense MLP out", Q3_COLL_REDUCE_SCATTER, "attn_tp", A, n_dense, out, 0);
         uint64_t rows = (s_rows * (uint64_t)p->top_k + (uint64_t)E - 1) / (uint64_t)E;
+        uint64_t moe_in = s_rows * wire_row(p, Hn + K2, Hn), counts = (uint64_t)(p->num_experts / E) * 4;
         if (p->is_moe && E > 1) {
             alt->valid = 1;
             alt->a2a_rows = rows;
-            alt->allgather = sent_of(Q3_COLL_ALLGATHER, E, in) + sent_of(Q3_COLL_REDUCE_SCATTER, E, out);
-            alt->alltoall = sent_of(Q3_COLL_ALLTOALL, E, rows * row_bytes(p, 1)) + sent_of(Q3_COLL_ALLTOALL, E, rows * hb);
+            alt->allgather = sent_of(Q3_COLL_ALLGATHER, E, moe_in) + sent_of(Q3_COLL_REDUCE_SCATTER, E, out);
+            alt->alltoall = sent_of(Q3_COLL_ALLTOALL, E, counts) + sent_of(Q3_COLL_ALLTOALL, E, rows * wire_row(p, Hn, Hn)) +
+                            sent_of(Q3_COLL_ALLTOALL, E, rows * hb);
         }
         if (p->ep_comm == Q3_EP_COMM_ALLTOALL) {
-            add_comm(pre, mc, "prefill", "MoE dispatch", Q3_COLL_ALLTOALL, "moe_ep", E, n_sparse, rows * row_bytes(p, 1), 0);
+            add_comm(pre, mc, "prefill", "MoE counts", Q3_COLL_ALLTOALL, "moe_ep", E, n_sparse, counts, 0);
+            add_comm(pre, mc, "prefill", "MoE dispatch", Q3_COLL_ALLTOALL, "moe_ep", E, n_sparse, rows * wire_row(p, Hn, Hn), 0);
             add_comm(pre, mc, "prefill", "MoE combine", Q3_COLL_ALLTOALL, "moe_ep", E, n_sparse, rows * hb, 0);
         } else {
-            add_comm(pre, mc, "prefill", "MoE in", Q3_COLL_ALLGATHER, "moe_ep", E, n_sparse, in, 0);
+            add_comm(pre, mc, "prefill", "MoE in", Q3_COLL_ALLGATHER, "moe_ep", E, n_sparse, moe_in, 0);
             add_comm(pre, mc, "prefill", "MoE out", Q3_COLL_REDUCE_SCATTER, "moe_ep", E, n_sparse, out, 0);
         }
         add_comm(pre, mc, "prefill", "MoE tp sum", Q3_COLL_ALLREDUCE, "moe_tp", T, n_sparse, out, 0);
-        add_comm(pre, mc, "prefill", "last token", Q3_COLL_BROADCAST, "world", W, 1, hb, 0);
+        add_comm(pre, mc, "prefill", "last token", Q3_COLL_BROADCAST, "attn_tp", A, 1, hb, 0);
     }
     add_comm(pre, mc, "prefill", "lm_head", Q3_COLL_ALLGATHER, "lmhead", L, 1, logits, 0);
     finish(dec, mc);
@@ -310,12 +337,13 @@ static json_t *phase_json(const phase_model *m) {
     return o;
 }
 
-static int write_json(const char *path, int force, const q3_plan *p, const char *quant, long S, const machine *mc,
+static int write_json(const char *path, int force, const q3_plan *p, const char *quant, long S, long top_k, const machine *mc,
                       const phase_model *dec, const phase_model *pre, const ep_alt *alt, const resident *res) {
     json_t *root = json_object(), *plan = json_object(), *mach = json_object();
     json_object_set_new(root, "ranks", json_integer(p->world_size));
     json_object_set_new(root, "quant", json_string(quant));
     json_object_set_new(root, "prompt_tokens", json_integer(S));
+    json_object_set_new(root, "sampling_top_k", json_integer(top_k));
     json_object_set_new(mach, "membw_gbps", json_real(mc->membw_Bps / 1e9));
     json_object_set_new(mach, "link_gbps", json_real(mc->link_Bps / 1e9));
     json_object_set_new(mach, "link_latency_us", json_real(mc->lat_s * 1e6));
@@ -357,7 +385,7 @@ static int write_json(const char *path, int force, const q3_plan *p, const char 
 
 int cmd_plan(int argc, char **argv) {
     const char *model = NULL, *yaml = NULL, *quant = "bf16", *json_path = NULL;
-    long ranks = 0, prompt = 512;
+    long ranks = 0, prompt = 512, top_k = 20;
     double membw = 100, link = 25, lat_us = 5, gflops = 0;
     int force = 0;
     q3_plan flags;   /* flags are applied over the YAML: collect them, then replay */
@@ -390,6 +418,8 @@ int cmd_plan(int argc, char **argv) {
             else json_path = v;
         } else if (!strcmp(a, "--ranks")) {
             if (!(v = arg_value(argc, argv, &i)) || arg_int(a, v, 1, 1 << 20, &ranks)) return 2;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!(v = arg_value(argc, argv, &i)) || arg_int(a, v, 0, 1 << 24, &top_k)) return 2;
         } else if (!strcmp(a, "--prompt")) {
             if (!(v = arg_value(argc, argv, &i)) || arg_int(a, v, 1, 1 << 24, &prompt)) return 2;
         } else if (!strcmp(a, "--membw-gbps")) {
@@ -438,7 +468,7 @@ int cmd_plan(int argc, char **argv) {
     ep_alt alt;
     double hit;
     resident res;
-    predict(&p, &c, sc, prompt, &mc, &dec, &pre, &alt, &hit, &res);
+    predict(&p, &c, sc, prompt, top_k, &mc, &dec, &pre, &alt, &hit, &res);
 
     int n_sparse = 0;
     for (int l = 0; l < c.num_layers; l++) n_sparse += p.is_moe && c.layer_is_sparse[l];
@@ -449,8 +479,10 @@ int cmd_plan(int argc, char **argv) {
     if (p.is_moe) fprintf(f, ", %d experts top-%d x %d", c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size);
     fprintf(f, ", vocab %d\n", c.vocab_size);
     fprintf(f, "assumed: weights %s (embeddings, norms, router, lm_head BF16), fp32 activations and KV cache,\n"
-               "         memory %g GB/s, link %g GB/s + %g us per collective%s, prompt %ld tokens\n\n",
-            sc->name, membw, link, lat_us, gflops > 0 ? "" : ", memory-bound compute", prompt);
+               "         memory %g GB/s, link %g GB/s + %g us per collective%s, prompt %ld tokens,\n"
+               "         sampling top-k %ld%s\n\n",
+            sc->name, membw, link, lat_us, gflops > 0 ? "" : ", memory-bound compute", prompt, top_k,
+            top_k == 0 ? " (off: whole logits rows gathered)" : top_k == 1 ? " (greedy)" : "");
     q3_plan_print(f, &p);
 
     fprintf(f, "\nheld per rank: weights %.3f GB (embedding replicated%s), KV cache %.3f GB at %ld tokens\n",
@@ -495,7 +527,7 @@ int cmd_plan(int argc, char **argv) {
     fprintf(f, "  prefill  %10.3f ms for %ld tokens = compute %.3f + comm %.3f (%.3f MB)\n", pre.total_ms, prompt,
             pre.compute_ms, pre.comm_ms, mb(comm_bytes(&pre)));
     if (fflush(f)) rc = fail(1, "cannot write to stdout");
-    if (rc == 0 && json_path) rc = write_json(json_path, force, &p, sc->name, prompt, &mc, &dec, &pre, &alt, &res);
+    if (rc == 0 && json_path) rc = write_json(json_path, force, &p, sc->name, prompt, top_k, &mc, &dec, &pre, &alt, &res);
     free(cfg_path);
     return rc;
 }

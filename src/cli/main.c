@@ -43,7 +43,9 @@ static int launched_by_mpi(void) {
 }
 
 /* Commands that run on several ranks (the others refuse a world > 1). */
-static int multi_rank_command(const char *name) { return !strcmp(name, "logits") || !strcmp(name, "generate"); }
+static int multi_rank_command(const char *name) {
+    return !strcmp(name, "logits") || !strcmp(name, "generate") || !strcmp(name, "bench");
+}
 
 static int dispatch(int argc, char **argv) {
     if (argc < 2) {
@@ -60,8 +62,8 @@ static int dispatch(int argc, char **argv) {
         if (!strcmp(argv[1], commands[i].name)) {
             if (world > 1 && !multi_rank_command(argv[1])) {
                 if (rank == 0)
-                    fprintf(stderr, "q3moe: error: '%s' runs on one rank; launched as %d ranks (only logits and "
-                                    "generate run on several)\n", argv[1], world);
+                    fprintf(stderr, "q3moe: error: '%s' runs on one rank; launched as %d ranks (only logits, generate "
+                                    "and bench run on several)\n", argv[1], world);
                 return 2;
             }
             return commands[i].fn(argc - 1, argv + 1);

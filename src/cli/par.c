@@ -100,30 +100,18 @@ int par_setup(par_opts *o, const char *cmd, const char **model_path, const char 
         if (o->rank == 0) fprintf(stderr, "q3moe %s: error: parallel plan: %s\n", cmd, q3_errmsg());
         return 1;
     }
-    /* What the engine does not implement yet is refused, never ignored. */
     q3_plan *p = &o->plan;
-    if (multi && p->comm_quant != Q3_COMM_QUANT_NONE) {
-        if (o->rank == 0)
-            fprintf(stderr, "q3moe %s: error: parallel plan: comm_quant = %s is not implemented yet (use none)\n", cmd,
-                    q3_comm_quant_name(p->comm_quant));
-        return 1;
-    }
-    /* auto's pick of AlltoAll assumes sequence-parallel tokens; with the
-     * tokens replicated on every rank the allreduce scheme moves less, so
-     * AlltoAll runs only when asked for by name. */
-    if (p->ep_comm == Q3_EP_COMM_ALLTOALL && p->moe_ep_comm == Q3_EP_COMM_AUTO) {
+    /* auto's pick of AlltoAll assumes tokens sharded over the EP group (SP
+     * prefill); with the prompt replicated on every rank the allreduce
+     * scheme moves less, so there AlltoAll runs only when asked for by name. */
+    if (p->ep_comm == Q3_EP_COMM_ALLTOALL && p->moe_ep_comm == Q3_EP_COMM_AUTO && !p->sp_prefill) {
         char why[sizeof p->ep_comm_reason];
         snprintf(why, sizeof why, "%s", p->ep_comm_reason);
         p->ep_comm = Q3_EP_COMM_ALLGATHER;
         snprintf(p->ep_comm_reason, sizeof p->ep_comm_reason,
-                 "replicated tokens (no sequence-parallel prefill yet): AlltoAll only when set by name; %.150s", why);
+                 "replicated tokens (no sequence-parallel prefill): AlltoAll only when set by name; %.150s", why);
     }
-    if (o->rank == 0) {
-        q3_plan_print(stderr, &o->plan);
-        if (o->plan.sp_prefill && multi)
-            fprintf(stderr, "  note: sequence-parallel prefill is not implemented yet: prompts run replicated on "
-                            "every rank, with allreduces after attention and the MLP\n");
-    }
+    if (o->rank == 0) q3_plan_print(stderr, &o->plan);   /* with the SP note when SP prefill is off */
     if (multi) q3_prefault_disable();
     return 0;
 }

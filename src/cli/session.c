@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "model/shard.h"
+#include "parallel/comm.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -73,7 +74,46 @@ void session_close(q3_session *s) {
     q3_model_free(&s->model);
     if (s->tok) q3_tok_free(s->tok);
     free(s->logits);
+    free(s->cand_send);
+    free(s->cand_recv);
     memset(s, 0, sizeof *s);
+}
+
+int session_sampling_setup(q3_session *s, const q3_sampler_params *p, int verbose) {
+    const q3_shard *sh = s->model.shard;
+    free(s->cand_send);
+    free(s->cand_recv);
+    s->cand_send = s->cand_recv = NULL;
+    s->cand_k = 0;
+    s->state.lm_local_only = 0;
+    if (!sh || !s->state.lm_local) return 0; /* whole rows on this rank already */
+    const int V = s->model.cfg.vocab_size, Vl = sh->vocab_n, L = q3_group_size(sh->g.lmhead);
+    const int k = q3_sampler_cands_per_rank(p, V, Vl);
+    const int rank0 = q3_group_rank(q3_comm_world()) == 0;
+    if (k == 0) {
+        if (verbose && rank0)
+            fprintf(stderr, "  sampling: whole logits rows gathered (%d floats per rank per token): %s\n", Vl,
+                    p->top_k > 0 ? "top_k is not below a slice's candidates' size" : "top_k is off (top-p/min-p need every token)");
+        return 0;
+    }
+    if (verbose && rank0)
+        fprintf(stderr, "  sampling: distributed over the %d lm_head ranks, %d candidate%s per rank (%zu bytes) "
+                        "instead of %d logits (%zu bytes)\n",
+                L, k, k == 1 ? "" : "s", (size_t)k * sizeof(q3_sample_cand), Vl, (size_t)Vl * sizeof(float));
+    s->cand_k = k;
+    s->cand_send = q3_malloc((size_t)k * sizeof *s->cand_send);
+    s->cand_recv = q3_malloc((size_t)k * (size_t)L * sizeof *s->cand_recv);
+    s->state.lm_local_only = 1;
+    return 0;
+}
+
+int32_t session_sample(q3_session *s, q3_sampler *smp) {
+    if (!s->cand_k) return q3_sampler_sample(smp, s->logits);
+    const q3_shard *sh = s->model.shard;
+    const size_t k = (size_t)s->cand_k, L = (size_t)q3_group_size(sh->g.lmhead);
+    q3_sampler_local(smp, s->state.lm_local, sh->a.vocab_lo, sh->vocab_n, s->cand_send, s->cand_k);
+    q3_comm_allgather_bytes(sh->g.lmhead, s->cand_send, k * sizeof *s->cand_send, s->cand_recv);
+    return q3_sampler_pick(smp, s->cand_recv, k * L);
 }
 
 int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n) {
@@ -148,7 +188,7 @@ int gen_run(q3_session *s, q3_sampler *smp, const int32_t *prompt, size_t n_prom
     char piece[512];
     if (o->print_ids) fputc('[', o->out);
     for (int i = 0; i < o->max_new; i++) {
-        int32_t tok = q3_sampler_sample(smp, s->logits);
+        int32_t tok = session_sample(s, smp);
         st->last_token = tok;
         st->generated++;
         if (!o->ignore_eos && is_eos(s, tok)) {

@@ -19,6 +19,10 @@ typedef struct {
     float *logits;       /* [vocab_size], last row */
     int32_t eos_ids[4];  /* tokens that end a turn */
     int n_eos;
+    /* Distributed sampling (session_sampling_setup): candidates per rank,
+     * 0 when sampling from whole gathered rows in logits. */
+    int cand_k;
+    q3_sample_cand *cand_send, *cand_recv;   /* [cand_k], [cand_k * lmhead ranks] */
 } q3_session;
 
 /* need_tokenizer: fail when tokenizer.json is absent or does not fit the vocab. */
@@ -27,6 +31,15 @@ int session_open(q3_session *s, const char *dir, int ctx, int n_threads, int nee
  * one rank) gives this rank's share of the weights (model/shard.h). */
 int session_open_plan(q3_session *s, const char *dir, int ctx, int n_threads, int need_tokenizer, const q3_plan *plan);
 void session_close(q3_session *s);
+/* Choose how tokens are sampled with settings p: on a vocab-split lm_head
+ * with settings a few candidates decide (q3_sampler_cands_per_rank), each
+ * rank keeps its logits slice and only the candidates are gathered;
+ * otherwise whole rows are gathered. Sizes the buffers once and says
+ * which on rank 0's stderr (when verbose). 0, or -1 with q3_err. */
+int session_sampling_setup(q3_session *s, const q3_sampler_params *p, int verbose);
+/* The next token from the last forward call's last row (every rank of the
+ * job gets the same). No allocation. */
+int32_t session_sample(q3_session *s, q3_sampler *smp);
 /* Encode text with the checkpoint's tokenizer (error when it has none). */
 int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n);
 

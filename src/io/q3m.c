@@ -132,6 +132,7 @@ int q3m_layout(q3m_section_out *secs, int n_secs, q3m_tensor_out *ts, int n_ts, 
     h[88] = (unsigned char)dtype_code(scheme.ffn);
     h[89] = (unsigned char)dtype_code(scheme.attn);
     h[90] = scheme.act_mxfp8 ? 1 : 0;
+    h[91] = q3_dtype_is_mx(scheme.head) ? (unsigned char)dtype_code(scheme.head) : 0;
     unsigned char *p = h + Q3M_HEADER_SIZE;
     for (int i = 0; i < n_secs; i++, p += Q3M_SECTION_RECORD) {
         wr_u32(p, secs[i].kind);
@@ -254,11 +255,14 @@ static int parse(q3m_file *f) {
     uint64_t ck = q3m_fnv1a(Q3M_FNV_BASIS, d, 120);
     ck = q3m_fnv1a(ck, d + toff, (size_t)tsize);
     if (ck != rd_u64(d + 120)) return q3_err("%s: header checksum mismatch: the header or tensor table is damaged", path);
-    for (int i = 91; i < 120; i++)
+    for (int i = 92; i < 120; i++)
         if (d[i]) return q3_err("%s: reserved header byte %d is not zero: damaged file", path, i);
     if (dtype_from_code(d[88], &f->scheme.ffn) || dtype_from_code(d[89], &f->scheme.attn) || d[90] > 1)
         return q3_err("%s: unknown quantization scheme codes (%u, %u, %u) in the header", path, d[88], d[89], d[90]);
     f->scheme.act_mxfp8 = d[90];
+    f->scheme.head = Q3_BF16; /* as stored */
+    if (d[91] && (dtype_from_code(d[91], &f->scheme.head) || !q3_dtype_is_mx(f->scheme.head)))
+        return q3_err("%s: unknown lm_head quantization code %u in the header", path, d[91]);
     if ((uint64_t)n_secs * Q3M_SECTION_RECORD > tsize || n_ts > tsize / Q3M_TENSOR_FIXED)
         return q3_err("%s: %u sections and %u tensors cannot fit a %llu-byte table: damaged file", path, n_secs, n_ts,
                       (unsigned long long)tsize);

@@ -24,7 +24,8 @@
  *      88     1  u8  scheme: FFN weight dtype code (see below; BF16 = as stored)
  *      89     1  u8  scheme: attention projection dtype code
  *      90     1  u8  scheme: activations (0 = none, 1 = MXFP8)
- *      91    29  zero
+ *      91     1  u8  scheme: lm_head (0 = as stored, else its MX dtype code)
+ *      92    28  zero
  *     120     8  u64 checksum: FNV-1a 64 (offset basis 0xcbf29ce484222325,
  *                    prime 0x100000001b3) over header bytes [0, 120)
  *                    followed by the whole table

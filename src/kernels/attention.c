@@ -11,7 +11,7 @@ typedef struct {
     float m, l;
 } sm_state;
 
-/* Fold keys [j0, j1) into (st, o) for one query vector. */
+/* Fold keys [j0, j1) into (st, o) for one query vector (decode's blocks). */
 static void fold_block(const q3_isa_kernels *K, const q3_attn_layer *L, const float *q, int kvh, int j0, int j1,
                        float scale, sm_state *st, float *o) {
     const int D = L->head_dim;
@@ -33,26 +33,76 @@ static void fold_block(const q3_isa_kernels *K, const q3_attn_layer *L, const fl
     st->l = l;
 }
 
+/* Prefill tiles: BQ consecutive query tokens x the g query heads of one KV
+ * head (GQA), so every K/V block loaded serves g * BQ query rows; rows are
+ * padded to a multiple of Q3_ATT_ROWS (the lanes of the ISA's tile kernels).
+ * 64 rows measured faster than 128: less masked work on the diagonal and the
+ * tile's Q^T / scores stay in L1/L2. */
+static int tile_tokens(int g) { return g >= Q3_ATT_ROWS ? 1 : Q3_ATT_ROWS / g; }
+static int tile_rows(int g) { return (g * tile_tokens(g) + Q3_ATT_ROWS - 1) / Q3_ATT_ROWS * Q3_ATT_ROWS; }
+/* Per-thread tile workspace: Q^T and O^T [D][R], scores [BLOCK][R], m, l and two limit rows. */
+static size_t tile_floats(int R, int D) { return (size_t)R * (2 * (size_t)D + Q3_ATT_BLOCK + 4); }
+
 size_t q3_attention_scratch(int n_heads, int head_dim, int ctx) {
     size_t blocks = ((size_t)ctx + Q3_ATT_BLOCK - 1) / Q3_ATT_BLOCK;
-    return (size_t)n_heads * blocks * ((size_t)head_dim + 2);
+    size_t dec = (size_t)n_heads * blocks * ((size_t)head_dim + 2);
+    /* tile_rows grows with g, and g <= n_heads. Decode and prefill never run
+     * at once, so they share the space. */
+    size_t pre = (size_t)omp_get_max_threads() * tile_floats(tile_rows(n_heads), head_dim);
+    return dec > pre ? dec : pre;
 }
 
-static void prefill(const q3_isa_kernels *K, float *out, const float *q, int T, int pos0, const q3_attn_layer *L) {
-    const int H = L->n_heads, D = L->head_dim, group = H / L->n_kv_heads;
+/* One tile: query tokens [t0, t0 + BQ) x heads [kvh * g, (kvh + 1) * g), over
+ * key blocks [j0, j0 + BLOCK) up to the tile's last position. Rows sit in
+ * vector lanes (Q^T, S^T, O^T layouts), so S = K Q^T and O^T += V^T P^T are
+ * both att_mm calls and the softmax bookkeeping is one lane per row. */
+static void prefill_tile(const q3_isa_kernels *K, float *out, const float *q, int T, int pos0, const q3_attn_layer *L,
+                         int kvh, int t0, float *w) {
+    const int H = L->n_heads, D = L->head_dim, g = H / L->n_kv_heads, R = tile_rows(g);
+    const int nt = T - t0 < tile_tokens(g) ? T - t0 : tile_tokens(g), rows = nt * g;
     const float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for collapse(2) schedule(dynamic, 4)
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < H; h++) {
-            const float *qv = q + ((size_t)t * H + h) * D;
-            float *o = out + ((size_t)t * H + h) * D;
-            sm_state st = {-INFINITY, 0};
-            memset(o, 0, (size_t)D * sizeof(float));
-            const int n = pos0 + t + 1;
-            for (int j0 = 0; j0 < n; j0 += Q3_ATT_BLOCK)
-                fold_block(K, L, qv, h / group, j0, j0 + Q3_ATT_BLOCK < n ? j0 + Q3_ATT_BLOCK : n, scale, &st, o);
-            K->scale(o, 1.0f / st.l, D);
-        }
+    float *qt = w, *o = qt + (size_t)D * R, *s = o + (size_t)D * R, *m = s + (size_t)Q3_ATT_BLOCK * R;
+    float *l = m + R, *lim = l + R, *rel = lim + R;
+    for (int r = 0; r < R; r++) {
+        /* Row r: token t0 + r / g, head kvh * g + r % g. Padding rows get
+         * q = 0 and see every key of the tile, so they stay finite. */
+        const int tr = r < rows ? r / g : nt - 1;
+        const float *src = q + ((size_t)(t0 + tr) * H + (size_t)kvh * g + r % g) * D;
+        for (int d = 0; d < D; d++) qt[(size_t)d * R + r] = r < rows ? src[d] : 0.0f;
+        m[r] = -INFINITY, l[r] = 0;
+        lim[r] = (float)(pos0 + t0 + tr); /* last key the row may see (exact: positions < 2^24) */
+    }
+    memset(o, 0, (size_t)D * R * sizeof(float));
+    const int last = pos0 + t0 + nt - 1;
+    for (int j0 = 0; j0 <= last; j0 += Q3_ATT_BLOCK) {
+        const int nk = last + 1 - j0 < Q3_ATT_BLOCK ? last + 1 - j0 : Q3_ATT_BLOCK;
+        const size_t off = (size_t)j0 * L->kv_stride + (size_t)kvh * D;
+        K->att_mm(s, L->k + off, L->kv_stride, 1, qt, R, nk, D, 0);
+        /* The causal mask matters only where the block passes the tile's first position. */
+        const int diag = j0 + nk - 1 > pos0 + t0;
+        if (diag)
+            for (int r = 0; r < R; r++) rel[r] = lim[r] - (float)j0;
+        K->att_softmax(s, nk, R, scale, diag ? rel : NULL, m, l, o, D);
+        K->att_mm(o, L->v + off, 1, L->kv_stride, s, R, D, nk, 1);
+    }
+    for (int r = 0; r < rows; r++) {
+        float *dst = out + ((size_t)(t0 + r / g) * H + (size_t)kvh * g + r % g) * D;
+        const float inv = 1.0f / l[r];
+        for (int d = 0; d < D; d++) dst[d] = o[(size_t)d * R + r] * inv;
+    }
+}
+
+static void prefill(const q3_isa_kernels *K, float *out, const float *q, int T, int pos0, const q3_attn_layer *L,
+                    float *scratch) {
+    const int KVH = L->n_kv_heads, g = L->n_heads / KVH, bq = tile_tokens(g), nqb = (T + bq - 1) / bq;
+    const size_t ws = tile_floats(tile_rows(g), L->head_dim);
+    /* Latest query blocks (the most keys) first, one tile at a time: the
+     * causal triangle balances over the threads. Each tile is computed by one
+     * thread in a fixed order, so the result does not depend on the count. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int it = 0; it < nqb * KVH; it++)
+        prefill_tile(K, out, q, T, pos0, L, it % KVH, (nqb - 1 - it / KVH) * bq,
+                     scratch + (size_t)omp_get_thread_num() * ws);
 }
 
 static void decode(const q3_isa_kernels *K, float *out, const float *q, int pos, const q3_attn_layer *L, float *scratch) {
@@ -89,5 +139,5 @@ static void decode(const q3_isa_kernels *K, float *out, const float *q, int pos,
 void q3_attention(float *out, const float *q, int T, int pos0, const q3_attn_layer *L, float *scratch) {
     const q3_isa_kernels *K = q3_isa_current();
     if (T == 1) decode(K, out, q, pos0, L, scratch);
-    else prefill(K, out, q, T, pos0, L);
+    else prefill(K, out, q, T, pos0, L, scratch);
 }

@@ -1,8 +1,11 @@
 /* Causal GQA attention over a KV cache with online softmax (flash
  * attention): keys are visited in fixed blocks of Q3_ATT_BLOCK, so results
- * do not depend on the thread count. Prefill parallelises over (token,
- * head); a single decode token splits the KV length into blocks across
- * threads and merges the partial softmax states in block order. */
+ * do not depend on the thread count. Prefill works on tiles of query tokens
+ * x the query heads of one KV head, each a pair of small register-tiled
+ * matmuls per key block (S = Q K^T, O += P V) around the softmax update,
+ * masked only on the diagonal blocks; the threads share out the tiles. A
+ * single decode token splits the KV length into blocks across threads and
+ * merges the partial softmax states in block order. */
 #ifndef Q3_ATTENTION_H
 #define Q3_ATTENTION_H
 
@@ -16,7 +19,9 @@ typedef struct {
     const float *k, *v;        /* this layer's cache, position 0 */
 } q3_attn_layer;
 
-/* Floats of scratch q3_attention needs for a context of ctx tokens. */
+/* Floats of scratch q3_attention needs for a context of ctx tokens, with
+ * per-thread prefill tiles for the OpenMP thread count in force
+ * (omp_get_max_threads()): size it after setting the thread count. */
 size_t q3_attention_scratch(int n_heads, int head_dim, int ctx);
 
 /* out[t][h*D ..] for T query rows at positions pos0 .. pos0+T-1 (q and out

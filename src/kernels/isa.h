@@ -8,6 +8,14 @@
 /* GEMM blocking: panels of NR weight rows, K blocks of KC; token tiles of
  * `mr` rows (per ISA, at most Q3_MR_MAX). */
 enum { Q3_NR = 16, Q3_KC = 256, Q3_MR = 6, Q3_MR_MAX = 14 };
+/* Kernels with tokens in vector lanes (the A8 and weights-broadcast GEMMs):
+ * tokens per activation panel, longest reduction. Longer products run as
+ * several passes of Q3_LANE_TOKENS tokens. */
+enum { Q3_LANE_TOKENS = 48, Q3_LANE_KMAX = 8192 };
+
+/* Query rows of a prefill attention tile are a multiple of this (the widest
+ * row chunk a variant's att_mm processes at once). */
+enum { Q3_ATT_ROWS = 64 };
 
 typedef struct {
     int mr; /* token rows per micro tile */
@@ -28,6 +36,42 @@ typedef struct {
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n); /* y += a * x */
     void (*scale)(float *y, float a, int n);                /* y *= a */
+    /* Prefill attention tiles (attention.c drives them). The R query rows of
+     * a tile (R a multiple of Q3_ATT_ROWS) sit in vector lanes, so both
+     * products and the softmax bookkeeping are vertical, lane-per-row.
+     * att_mm: C[i][r] (+)= sum_{k<nk} A[i*si + k*sk] * B[k][r] for i < ni,
+     * r < R (B and C rows R floats long; accumulate=0 overwrites C); every
+     * element sums over k in order. */
+    void (*att_mm)(float *C, const float *A, size_t si, size_t sk, const float *B, int R, int ni, int nk, int accumulate);
+    /* att_softmax: one key block of online softmax on S[nk][R] raw scores:
+     * s = S * scale, -inf where lim && j > lim[r]; m[r] = max(m[r], s);
+     * S = exp(s - m); l = l * corr + sum_j S; O[d][r] *= corr for d < D,
+     * with corr = exp(m_old - m) (0 while m_old = -inf). */
+    void (*att_softmax)(float *S, int nk, int R, float scale, const float *lim, float *m, float *l, float *O, int D);
+    /* A8 linears (W->a8, MX weights, cols % 64 == 0 for MXFP8, % 128 for
+     * MXFP4; NULL: not available):
+     * a8_prep widens x[0..K) (MXFP8 values, so exact) to bf16 in the order
+     * gemv_a8 reads for weights of dtype wt; gemv_a8 is gemv on that copy. */
+    void (*a8_prep)(uint16_t *xb, const float *x, int K, q3_dtype wt);
+    void (*gemv_a8)(float *out, const uint16_t *xb, const q3_mat *W, int r0, int r1);
+    /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (K <= Q3_LANE_KMAX):
+     * a8_pack_act writes the T input rows as a panel of bf16 pairs
+     * ap[K/2][TP] (TP = T rounded up to 16, pairs in gemv_a8's element
+     * order, padding tokens zero; row: scratch of K words); gemm_a8 computes
+     * out[t][r] for r in [r0, r1), t < T, from it, with the block scales
+     * folded into the bf16 weights (wbuf: scratch of 8 * K words). It
+     * returns 0, computing nothing, when a scale of these rows is outside
+     * the range that folding keeps exact; the caller then uses the fp32
+     * kernels. */
+    void (*a8_pack_act)(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *row);
+    int (*gemm_a8)(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf);
+    /* Weights-broadcast GEMM (plain dtypes, cs == 1, K % 16 == 0, 2 ..
+     * Q3_LANE_TOKENS tokens, K <= Q3_LANE_KMAX; NULL: not available):
+     * bc_pack_act writes the T rows of x as ap[K][TP] (TP = T rounded up to
+     * 16, padding zero); gemm_bc computes out[t][r], r in [r0, r1), t < T,
+     * widening each weight row once (wbuf: 8 * K floats of scratch). */
+    void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K);
+    void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
 } q3_isa_kernels;
 
 /* E8M0 scale code -> the fp32 factor the SIMD element decoders expect
@@ -41,6 +85,11 @@ const q3_isa_kernels *q3_isa_current(void);
 extern const q3_isa_kernels q3_kernels_scalar;
 extern const q3_isa_kernels q3_kernels_avx2;
 extern const q3_isa_kernels q3_kernels_avx512;
+/* gemm_bc_avx512.c */
+void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K);
+void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
+/* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
+void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
 
 /* Pack W[r0 .. r0+nr) x [k0 .. k0+kc) transposed into Bp[kc][NR] fp32, zero-padding rows >= nr. */
 void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc);

@@ -357,5 +357,94 @@ static void scale(float *y, float a, int n) {
     for (; i < n; i++) y[i] *= a;
 }
 
-const q3_isa_kernels q3_kernels_avx2 = {Q3_MR, gemv, micro, 16, gemm_small, pack, dot, axpy, scale};
+/* ---- Prefill attention tiles (isa.h): query rows in the 8 lanes. ---- */
+
+/* exp(x) for x <= 0 as 2^n * e^r, n = round(x / ln 2), |r| <= ln(2) / 2, e^r
+ * by its degree-7 Taylor polynomial (truncation 5e-9, so about 2 ulp from
+ * rounding). Below -87.3 (the causal mask's -inf included) it returns 0
+ * instead of a subnormal, so 2^n stays a normal float; NaN stays NaN. */
+INLINE __m256 exp_neg8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(lo, x); /* x second: a NaN passes through */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* r = x - n ln2 in two steps: 0.693359375 has few bits, so n * it is exact. */
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* ni (<= 6) rows of C x 16 lanes: 12 accumulators, 2 loads of B and up to 6
+ * broadcasts of A per k. Called with ni = 6 for full blocks, so the row
+ * guards fold away there. */
+INLINE void att_block(float *C, const float *A, size_t si, size_t sk, const float *B, int R, int ni, int nk, int accumulate) {
+    __m256 c[6][2];
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; i++) {
+        c[i][0] = c[i][1] = _mm256_setzero_ps();
+        if (i < ni && accumulate) c[i][0] = _mm256_loadu_ps(C + (size_t)i * R), c[i][1] = _mm256_loadu_ps(C + (size_t)i * R + 8);
+    }
+    for (int k = 0; k < nk; k++) {
+        const __m256 b0 = _mm256_loadu_ps(B + (size_t)k * R), b1 = _mm256_loadu_ps(B + (size_t)k * R + 8);
+        const float *a = A + k * sk;
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; i++)
+            if (i < ni) {
+                const __m256 av = _mm256_broadcast_ss(a + i * si);
+                c[i][0] = _mm256_fmadd_ps(av, b0, c[i][0]);
+                c[i][1] = _mm256_fmadd_ps(av, b1, c[i][1]);
+            }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; i++)
+        if (i < ni) _mm256_storeu_ps(C + (size_t)i * R, c[i][0]), _mm256_storeu_ps(C + (size_t)i * R + 8, c[i][1]);
+}
+
+/* Lane chunks outer: the chunk's slice of B (nk x 16 floats) stays in L1
+ * while the rows of A stream past it. */
+static void att_mm(float *C, const float *A, size_t si, size_t sk, const float *B, int R, int ni, int nk, int accumulate) {
+    for (int r0 = 0; r0 < R; r0 += 16)
+        for (int i0 = 0; i0 < ni; i0 += 6) {
+            float *c = C + (size_t)i0 * R + r0;
+            if (ni - i0 >= 6) att_block(c, A + i0 * si, si, sk, B + r0, R, 6, nk, accumulate);
+            else att_block(c, A + i0 * si, si, sk, B + r0, R, ni - i0, nk, accumulate);
+        }
+}
+
+static void att_softmax(float *S, int nk, int R, float scale, const float *lim, float *m, float *l, float *O, int D) {
+    const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    for (int r = 0; r < R; r += 8) {
+        const __m256 m0 = _mm256_loadu_ps(m + r), lv = lim ? _mm256_loadu_ps(lim + r) : ninf;
+        __m256 mx = m0, sum = _mm256_setzero_ps();
+        for (int j = 0; j < nk; j++) {
+            float *s = S + (size_t)j * R + r;
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s), vs);
+            if (lim) v = _mm256_blendv_ps(v, ninf, _mm256_cmp_ps(_mm256_set1_ps((float)j), lv, _CMP_GT_OQ));
+            _mm256_storeu_ps(s, v);
+            mx = _mm256_max_ps(mx, v);
+        }
+        const __m256 corr = exp_neg8(_mm256_sub_ps(m0, mx)); /* m0 = -inf on the first block gives 0 */
+        for (int j = 0; j < nk; j++) {
+            float *s = S + (size_t)j * R + r;
+            const __m256 p = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s), mx));
+            _mm256_storeu_ps(s, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        _mm256_storeu_ps(l + r, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(l + r), corr), sum));
+        _mm256_storeu_ps(m + r, mx);
+        for (int d = 0; d < D; d++) _mm256_storeu_ps(O + (size_t)d * R + r, _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)d * R + r), corr));
+    }
+}
+
+const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
+    .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax};
 #pragma GCC pop_options

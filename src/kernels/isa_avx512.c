@@ -1,9 +1,11 @@
 /* AVX-512F kernels: 16-lane GEMV for plain dtypes and a 14x16 GEMM tile
- * (one zmm per token row, 14 accumulators). MX weights, packing and the
- * attention vector primitives reuse the AVX2 versions. */
+ * (one zmm per token row, 14 accumulators), and 64-row prefill attention
+ * tiles. MX weights, packing and the attention vector primitives reuse the
+ * AVX2 versions. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "kernels/isa.h"
@@ -208,5 +210,94 @@ static float dot(const float *a, const float *b, int n) { return q3_kernels_avx2
 static void axpy(float *y, float a, const float *x, int n) { q3_kernels_avx2.axpy(y, a, x, n); }
 static void scale(float *y, float a, int n) { q3_kernels_avx2.scale(y, a, n); }
 
-const q3_isa_kernels q3_kernels_avx512 = {MR512, gemv, micro, 16, gemm_small, pack, dot, axpy, scale};
+/* ---- Prefill attention tiles (isa.h): query rows in the 16 lanes. ---- */
+
+/* exp(x) for x <= 0, the same steps as isa_avx2.c's exp_neg8 (2^n * degree-7
+ * Taylor e^r, 0 below -87.3, NaN kept), so the two variants agree bit for bit. */
+INLINE __m512 exp_neg16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.3f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(lo, x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(e));
+}
+
+/* ni (<= 6) rows of C x 64 lanes: 24 accumulators, 4 loads of B and up to 6
+ * broadcasts of A per k. */
+INLINE void att_block(float *C, const float *A, size_t si, size_t sk, const float *B, int R, int ni, int nk, int accumulate) {
+    __m512 c[6][4];
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            c[i][v] = i < ni && accumulate ? _mm512_loadu_ps(C + (size_t)i * R + 16 * v) : _mm512_setzero_ps();
+    for (int k = 0; k < nk; k++) {
+        const float *b = B + (size_t)k * R, *a = A + k * sk;
+        const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32),
+                     b3 = _mm512_loadu_ps(b + 48);
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; i++)
+            if (i < ni) {
+                const __m512 av = _mm512_set1_ps(a[i * si]);
+                c[i][0] = _mm512_fmadd_ps(av, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_ps(av, b1, c[i][1]);
+                c[i][2] = _mm512_fmadd_ps(av, b2, c[i][2]);
+                c[i][3] = _mm512_fmadd_ps(av, b3, c[i][3]);
+            }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; i++)
+        if (i < ni)
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) _mm512_storeu_ps(C + (size_t)i * R + 16 * v, c[i][v]);
+}
+
+static void att_mm(float *C, const float *A, size_t si, size_t sk, const float *B, int R, int ni, int nk, int accumulate) {
+    for (int r0 = 0; r0 < R; r0 += 64)
+        for (int i0 = 0; i0 < ni; i0 += 6) {
+            float *c = C + (size_t)i0 * R + r0;
+            if (ni - i0 >= 6) att_block(c, A + i0 * si, si, sk, B + r0, R, 6, nk, accumulate);
+            else att_block(c, A + i0 * si, si, sk, B + r0, R, ni - i0, nk, accumulate);
+        }
+}
+
+static void att_softmax(float *S, int nk, int R, float scale, const float *lim, float *m, float *l, float *O, int D) {
+    const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int r = 0; r < R; r += 16) {
+        const __m512 m0 = _mm512_loadu_ps(m + r), lv = lim ? _mm512_loadu_ps(lim + r) : ninf;
+        __m512 mx = m0, sum = _mm512_setzero_ps();
+        for (int j = 0; j < nk; j++) {
+            float *s = S + (size_t)j * R + r;
+            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s), vs);
+            if (lim) v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(_mm512_set1_ps((float)j), lv, _CMP_GT_OQ), ninf);
+            _mm512_storeu_ps(s, v);
+            mx = _mm512_max_ps(mx, v);
+        }
+        const __m512 corr = exp_neg16(_mm512_sub_ps(m0, mx)); /* m0 = -inf on the first block gives 0 */
+        for (int j = 0; j < nk; j++) {
+            float *s = S + (size_t)j * R + r;
+            const __m512 p = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s), mx));
+            _mm512_storeu_ps(s, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_storeu_ps(l + r, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l + r), corr), sum));
+        _mm512_storeu_ps(m + r, mx);
+        for (int d = 0; d < D; d++) _mm512_storeu_ps(O + (size_t)d * R + r, _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)d * R + r), corr));
+    }
+}
+
+const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
+    .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
+    .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc};
 #pragma GCC pop_options

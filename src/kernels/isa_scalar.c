@@ -1,5 +1,7 @@
 /* Scalar reference kernels: the ground truth the SIMD variants are tested
  * against, and the fallback on CPUs without AVX2. */
+#include <math.h>
+
 #include "kernels/isa.h"
 
 static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
@@ -42,4 +44,38 @@ static void scale(float *y, float a, int n) {
     for (int i = 0; i < n; i++) y[i] *= a;
 }
 
-const q3_isa_kernels q3_kernels_scalar = {Q3_MR, gemv, micro, 0, NULL, NULL, dot, axpy, scale};
+/* Loop order i, k, r: each C element still sums over k in order. */
+static void att_mm(float *C, const float *A, size_t si, size_t sk, const float *B, int R, int ni, int nk, int accumulate) {
+    for (int i = 0; i < ni; i++) {
+        float *c = C + (size_t)i * R;
+        if (!accumulate)
+            for (int r = 0; r < R; r++) c[r] = 0;
+        for (int k = 0; k < nk; k++) {
+            const float a = A[i * si + k * sk], *b = B + (size_t)k * R;
+            for (int r = 0; r < R; r++) c[r] += a * b[r];
+        }
+    }
+}
+
+static void att_softmax(float *S, int nk, int R, float scale, const float *lim, float *m, float *l, float *O, int D) {
+    for (int r = 0; r < R; r++) {
+        float mx = m[r], sum = 0;
+        for (int j = 0; j < nk; j++) {
+            float *s = S + (size_t)j * R + r;
+            *s = lim && j > lim[r] ? -INFINITY : *s * scale;
+            if (*s > mx) mx = *s;
+        }
+        const float corr = expf(m[r] - mx); /* m = -inf on the first block gives 0 */
+        for (int j = 0; j < nk; j++) {
+            float *s = S + (size_t)j * R + r;
+            *s = expf(*s - mx);
+            sum += *s;
+        }
+        l[r] = l[r] * corr + sum;
+        m[r] = mx;
+        for (int d = 0; d < D; d++) O[(size_t)d * R + r] *= corr;
+    }
+}
+
+const q3_isa_kernels q3_kernels_scalar = {.mr = Q3_MR, .gemv = gemv, .micro = micro, .small_t = 0,
+    .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax};

@@ -27,6 +27,9 @@ typedef struct {
     /* MX dtypes: E8M0 scales, cols/32 per row, rows contiguous (rs = cols,
      * cs = 1 only); data holds the elements. */
     const uint8_t *scales;
+    /* A8: the model quantizes this linear's input to MXFP8 before every
+     * product, so kernels may take the input as exact bf16 values. */
+    int a8;
 } q3_mat;
 
 /* Bytes of weight data (elements + scales) the matrix occupies. */
@@ -34,7 +37,9 @@ size_t q3_mat_bytes(const q3_mat *W);
 /* W[r, k0 .. k0+n) widened to fp32 (any dtype, any stride). */
 void q3_mat_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);
 
-typedef enum { Q3_ISA_SCALAR = 0, Q3_ISA_AVX2 = 1, Q3_ISA_AVX512 = 2 } q3_isa;
+/* Each level has every kernel of the one below; AVX512BF16 adds the A8
+ * kernels (MXFP8 activations x MX weights on bf16 dot products). */
+typedef enum { Q3_ISA_SCALAR = 0, Q3_ISA_AVX2 = 1, Q3_ISA_AVX512 = 2, Q3_ISA_AVX512BF16 = 3, Q3_ISA_COUNT } q3_isa;
 
 /* Pick the kernels for this CPU (idempotent; called by the first matmul). */
 void q3_kernels_init(void);
@@ -65,6 +70,11 @@ void q3_matmul(float *out, const float *x, int T, const q3_mat *W);
 void q3_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* Residual add fused with the next norm: x += delta; out = rmsnorm(x) * w. */
 void q3_add_rmsnorm(float *x, const float *delta, const float *w, float *out, int n, float eps);
+/* The same (no add when delta is NULL), also writing out's MXFP8 copy (the
+ * A8 input of the next linears: dequantized values, per 32-block) to out_q
+ * in the same pass. out may be NULL (only the copy is wanted); out_q may
+ * alias out or delta. n % 32 == 0. A block holding NaN/Inf is copied as is. */
+void q3_add_rmsnorm_mx8(float *x, const float *delta, const float *w, float *out, float *out_q, int n, float eps);
 /* out[i] = silu(gate[i]) * up[i] */
 void q3_swiglu(float *out, const float *gate, const float *up, int n);
 /* In-place softmax over n values. */

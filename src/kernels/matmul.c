@@ -8,13 +8,18 @@
 #include <string.h>
 
 #include "kernels/isa.h"
+#include "util/error.h"
 
 static const q3_isa_kernels *g_k = &q3_kernels_scalar;
 static q3_isa g_isa = Q3_ISA_SCALAR;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static q3_isa_kernels g_avx512bf16; /* the AVX-512 table plus the A8 kernels */
+/* Counts matmul passes: an A8 input widened to bf16 by a thread stays
+ * valid for the rest of the pass (inputs do not change within one). */
+static unsigned long long g_pass;
 
 const char *q3_isa_name(q3_isa isa) {
-    static const char *names[] = {"scalar", "avx2", "avx512"};
+    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
     return names[isa];
 }
 
@@ -22,7 +27,10 @@ static q3_isa best_supported(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
-        return Q3_ISA_AVX512;
+        return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                       __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bf16")
+                   ? Q3_ISA_AVX512BF16
+                   : Q3_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Q3_ISA_AVX2;
     return Q3_ISA_SCALAR;
 }
@@ -31,15 +39,21 @@ static void set_isa(q3_isa isa) {
     q3_isa best = best_supported();
     if (isa > best) isa = best;
     g_isa = isa;
-    g_k = isa == Q3_ISA_AVX512 ? &q3_kernels_avx512 : isa == Q3_ISA_AVX2 ? &q3_kernels_avx2 : &q3_kernels_scalar;
+    g_k = isa == Q3_ISA_AVX512BF16 ? &g_avx512bf16
+          : isa == Q3_ISA_AVX512   ? &q3_kernels_avx512
+          : isa == Q3_ISA_AVX2     ? &q3_kernels_avx2
+                                   : &q3_kernels_scalar;
 }
 
 static void init_once(void) {
+    g_avx512bf16 = q3_kernels_avx512;
+    q3_avx512bf16_a8_kernels(&g_avx512bf16);
     q3_isa isa = best_supported();
     const char *env = getenv("Q3MOE_ISA");
     if (env && !strcmp(env, "scalar")) isa = Q3_ISA_SCALAR;
     else if (env && !strcmp(env, "avx2")) isa = Q3_ISA_AVX2;
     else if (env && !strcmp(env, "avx512")) isa = Q3_ISA_AVX512;
+    else if (env && !strcmp(env, "avx512bf16")) isa = Q3_ISA_AVX512BF16;
     set_isa(isa);
 }
 
@@ -74,13 +88,94 @@ void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
     }
 }
 
+/* Longest A8 input the bf16 GEMV takes (larger ones use the fp32 kernels). */
+enum { A8_KMAX = 32768 };
+
+/* A8 GEMV: the input widened to bf16 once per thread and pass. */
+static void run_gemv_a8(const q3_mm_job *jb, int r0, int nr) {
+    static _Thread_local uint16_t xb[A8_KMAX] __attribute__((aligned(64)));
+    static _Thread_local const float *have_x;
+    static _Thread_local unsigned long long have_pass;
+    static _Thread_local q3_dtype have_dt;
+    const q3_mat *W = jb->W;
+    if (have_x != jb->x || have_pass != g_pass || have_dt != W->dtype) {
+        g_k->a8_prep(xb, jb->x, W->cols, W->dtype);
+        have_x = jb->x, have_pass = g_pass, have_dt = W->dtype;
+    }
+    g_k->gemv_a8(jb->out + r0, xb, W, r0, r0 + nr);
+}
+
+
+static int a8_shape_ok(const q3_mat *W, int kmax) {
+    return W->a8 && q3_dtype_is_mx(W->dtype) && W->cols % (W->dtype == Q3_MXFP4 ? 128 : 64) == 0 && W->cols <= kmax;
+}
+
+static int a8_gemm_ok(const q3_mm_job *jb) {
+    return jb->T > 1 && jb->T <= Q3_LANE_TOKENS && g_k->gemm_a8 && a8_shape_ok(jb->W, Q3_LANE_KMAX);
+}
+
+/* Tokens-in-lanes GEMMs: the input rows are packed once per thread and
+ * pass (inputs do not change within a pass). The scratch is per thread,
+ * allocated on the first use and kept for the life of the thread (prefill
+ * only: decode takes the GEMV paths). */
+typedef struct {
+    const float *x;
+    unsigned long long pass;
+    q3_dtype dt;
+    int T;
+} act_key;
+
+static int act_stale(act_key *k, const q3_mm_job *jb) {
+    if (k->x == jb->x && k->pass == g_pass && k->dt == jb->W->dtype && k->T == jb->T) return 0;
+    *k = (act_key){jb->x, g_pass, jb->W->dtype, jb->T};
+    return 1;
+}
+
+static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
+    static _Thread_local uint32_t *ap;
+    static _Thread_local uint16_t *row, *wbuf;
+    static _Thread_local act_key have;
+    const q3_mat *W = jb->W;
+    if (!ap) {
+        ap = q3_malloc((size_t)Q3_LANE_TOKENS * (Q3_LANE_KMAX / 2) * sizeof *ap);
+        row = q3_malloc((size_t)Q3_LANE_KMAX * sizeof *row);
+        wbuf = q3_malloc((size_t)8 * Q3_LANE_KMAX * sizeof *wbuf);
+    }
+    if (act_stale(&have, jb)) g_k->a8_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, row);
+    return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
+}
+
+static int bc_shape_ok(const q3_mat *W) {
+    return g_k->gemm_bc && !q3_dtype_is_mx(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 && W->cols <= Q3_LANE_KMAX;
+}
+
+static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
+    static _Thread_local float *ap, *wbuf;
+    static _Thread_local act_key have;
+    if (!ap) {
+        ap = q3_malloc((size_t)Q3_LANE_TOKENS * Q3_LANE_KMAX * sizeof *ap);
+        wbuf = q3_malloc((size_t)8 * Q3_LANE_KMAX * sizeof *wbuf);
+    }
+    if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols);
+    g_k->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
+}
+
 /* One panel of up to NR output rows of one job. */
 static void run_panel(const q3_mm_job *jb, int r0) {
     static _Thread_local float Bp[Q3_KC * Q3_NR] __attribute__((aligned(64)));
     const q3_mat *W = jb->W;
     const int nr = W->rows - r0 < Q3_NR ? W->rows - r0 : Q3_NR, K = W->cols;
+    if (jb->T == 1 && g_k->gemv_a8 && a8_shape_ok(W, A8_KMAX)) {
+        run_gemv_a8(jb, r0, nr);
+        return;
+    }
+    if (a8_gemm_ok(jb) && run_gemm_a8(jb, r0, nr)) return;
     if (jb->T == 1) {
         g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr);
+        return;
+    }
+    if (jb->T <= Q3_LANE_TOKENS && bc_shape_ok(W)) {
+        run_gemm_bc(jb, r0, nr);
         return;
     }
     if (jb->T <= g_k->small_t && g_k->gemm_small && !q3_dtype_is_mx(W->dtype) && cs_of(W) == 1 && K % 16 == 0 &&
@@ -121,8 +216,39 @@ static void run_share(const q3_mm_job *jobs, int n, double total, int id, int nt
     }
 }
 
+static void run_pass(const q3_mm_job *jobs, int n);
+
+/* Products of more tokens than the tokens-in-lanes GEMMs take run as
+ * several passes of Q3_LANE_TOKENS tokens (when every job can use one). */
+static int run_lane_chunked(const q3_mm_job *jobs, int n) {
+    enum { MAX_JOBS = 512 };
+    int maxT = 0;
+    if (n > MAX_JOBS) return 0;
+    for (int j = 0; j < n; j++) {
+        if (!(g_k->gemm_a8 && a8_shape_ok(jobs[j].W, Q3_LANE_KMAX)) && !bc_shape_ok(jobs[j].W)) return 0;
+        if (jobs[j].T > maxT) maxT = jobs[j].T;
+    }
+    if (maxT <= Q3_LANE_TOKENS) return 0;
+    q3_mm_job sub[MAX_JOBS];
+    for (int t0 = 0; t0 < maxT; t0 += Q3_LANE_TOKENS) {
+        for (int j = 0; j < n; j++) {
+            const int left = jobs[j].T - t0;
+            sub[j] = jobs[j];
+            sub[j].T = left <= 0 ? 0 : left < Q3_LANE_TOKENS ? left : Q3_LANE_TOKENS;
+            if (left > 0) sub[j].x += (size_t)t0 * jobs[j].ldx, sub[j].out += (size_t)t0 * jobs[j].ldo;
+        }
+        run_pass(sub, n);
+    }
+    return 1;
+}
+
 void q3_matmul_jobs(const q3_mm_job *jobs, int n) {
     q3_kernels_init();
+    if (!run_lane_chunked(jobs, n)) run_pass(jobs, n);
+}
+
+static void run_pass(const q3_mm_job *jobs, int n) {
+    g_pass++;
     double total = 0;
     for (int j = 0; j < n; j++)
         if (jobs[j].T > 0) total += (double)jobs[j].W->rows * jobs[j].W->cols * (jobs[j].T + 1);

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "quant/mx.h"
 
@@ -40,6 +41,21 @@ void q3_add_rmsnorm(float *x, const float *delta, const float *w, float *out, in
     }
     float inv = (float)(1.0 / sqrt(ss / n + eps));
     for (int i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
+}
+
+void q3_add_rmsnorm_mx8(float *x, const float *delta, const float *w, float *out, float *out_q, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) {
+        if (delta) x[i] += delta[i];
+        ss += (double)x[i] * x[i];
+    }
+    float inv = (float)(1.0 / sqrt(ss / n + eps));
+    for (int b = 0; b < n; b += Q3_MX_BLOCK) {
+        float v[Q3_MX_BLOCK];
+        for (int i = 0; i < Q3_MX_BLOCK; i++) v[i] = x[b + i] * inv * w[b + i];
+        if (out) memcpy(out + b, v, sizeof v);
+        if (q3_mx_fake_quant_row(Q3_MXFP8, v, Q3_MX_BLOCK, out_q + b)) memcpy(out_q + b, v, sizeof v);
+    }
 }
 
 void q3_swiglu(float *out, const float *gate, const float *up, int n) {

@@ -32,14 +32,35 @@ typedef struct {
      * tokens, and the gathered blocks; NULL without a vocab split. */
     int lm_rows;
     float *lm_local, *lm_gather;
+    /* Set by the caller to sample distributed (sample/sampler.h): a call
+     * asking for the last row only leaves this rank's slice of it in
+     * lm_local[0..vocab_n) and gathers nothing (its logits argument must
+     * still be non-NULL and is not written). */
+    int lm_local_only;
+    /* Set around an A8 MoE layer (forward.c's mlp_block): s->proj holds the
+     * MXFP8 copy of the T normed rows of s->xn, for the experts. */
+    int xq_in_proj;
     /* MoE EP over AlltoAll (model/moe.c; only when the plan asks for it). */
     float *a2a_send, *a2a_recv;
     int32_t *a2a_pos;             /* own (token, slot) pair -> packed dispatch row */
-    int32_t *a2a_expert;          /* received row -> expert */
     size_t *a2a_counts;           /* [4 * moe_ep_size] */
+    int32_t *a2a_ecount;          /* [2 * num_experts]: per-expert rows sent / received */
+    /* Sequence-parallel prefill (forward.c, plan.sp_prefill): a chunk is
+     * padded to rows = a multiple of attn_tp_size and split into sp_rows
+     * tokens per rank; the per-token buffers above hold that many rows. */
+    int sp_rows;                  /* max tokens per rank (0: no SP) */
+    float *sp_att;                /* [sp_rows][num_heads * head_dim]: own tokens, all heads */
+    float *sp_moe;                /* [sp_rows * attn_tp][H + 2 top_k]: rows + routing (MoE allgather) */
+    float *sp_out;                /* [sp_rows][H]: reduce-scatter result */
+    uint8_t *comm_wire;           /* MXFP8 payload scratch (comm_quant mxfp8), else NULL */
     /* Optional instrumentation (NULL unless the caller allocates it):
      * tokens routed to each expert, [layers][num_experts], accumulated. */
     uint64_t *expert_hits;
+    /* Optional instrumentation (bench --comm-stats): called with layer -1
+     * before the first layer of every chunk and with l after layer l, T the
+     * chunk's tokens. NULL: not called. */
+    void (*layer_hook)(void *ctx, int layer, int T);
+    void *layer_hook_ctx;
 } q3_state;
 
 #define Q3_LM_ROWS 16

@@ -34,7 +34,8 @@ static const q3_st_tensor *need(const q3_model *m, const char *name, int64_t d0,
 static int get_mat(const q3_model *m, q3_mat *out, const char *name, int rows, int cols) {
     const q3_st_tensor *t = need(m, name, rows, cols);
     if (!t) return -1;
-    *out = (q3_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols, .scales = t->scales};
+    *out = (q3_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols, .scales = t->scales,
+                    .a8 = m->scheme.act_mxfp8 && q3_dtype_is_mx(t->dtype)};
     return 0;
 }
 
@@ -121,7 +122,7 @@ static int open_dir(q3_model *m, const char *dir) {
     else rc = q3_config_load(&m->cfg, cfg_path);
     free(cfg_path);
     if (rc == 0) rc = q3_st_open_dir(&m->st, dir);
-    m->scheme = (q3_quant_scheme){Q3_BF16, Q3_BF16, 0};
+    m->scheme = (q3_quant_scheme){Q3_BF16, Q3_BF16, 0, Q3_BF16};
     return rc;
 }
 

@@ -80,8 +80,10 @@ int q3_shard_apply(q3_model *m, const q3_plan *plan) {
     sh->dense_f = a->dense_hi - a->dense_lo;
     sh->moe_f = a->inter_hi - a->inter_lo;
     sh->vocab_n = a->vocab_hi - a->vocab_lo;
+    if (plan->sp_prefill && plan->attn_tp_size > 1) sh->wo_full = q3_calloc((size_t)c->num_layers, sizeof *sh->wo_full);
     for (int l = 0; l < c->num_layers; l++) {
         q3_layer *L = &m->layers[l];
+        if (sh->wo_full) sh->wo_full[l] = L->wo;   /* before the column slice: a view into the mapping */
         row_slice(&L->wq, a->q_lo * D, sh->nq * D);
         row_slice(&L->wk, a->kv_lo * D, sh->nkv * D);
         row_slice(&L->wv, a->kv_lo * D, sh->nkv * D);
@@ -108,6 +110,7 @@ void q3_shard_free(q3_model *m) {
     if (sh->g.world) q3_plan_free_groups(&sh->g);
     for (int i = 0; i < sh->n_owned; i++) free(sh->owned[i]);
     free(sh->owned);
+    free(sh->wo_full);
     free(sh);
     m->shard = NULL;
 }

@@ -13,9 +13,14 @@
  * scales cannot be strided) is copied once into memory owned by the shard
  * (only the rank's slice). Weights outside the rank's slices are never read.
  *
+ * With sequence-parallel prefill (plan.sp_prefill) each rank also keeps a
+ * view of the whole o_proj (wo_full): prefill runs o_proj on the rank's own
+ * tokens with all heads (forward.c), decode on its heads' columns.
+ *
  * The forward pass (forward.c, moe.c) reads m->shard: NULL means one rank
  * holding everything, and the code paths are exactly the single-process
- * ones. Tokens are replicated on every rank (no sequence parallelism). */
+ * ones. Decode tokens are replicated on every rank; prefill chunks are split
+ * by tokens over the attn_tp group when plan.sp_prefill. */
 #ifndef Q3_SHARD_H
 #define Q3_SHARD_H
 
@@ -32,6 +37,7 @@ struct q3_shard {
     int dense_f;           /* local dense-MLP intermediate columns */
     int moe_f;             /* local moe_intermediate columns per expert */
     int vocab_n;           /* local vocab rows */
+    q3_mat *wo_full;       /* [num_layers] whole o_proj (SP prefill), else NULL */
     void **owned;          /* copied MX slices */
     int n_owned, cap_owned;
 };

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "parallel/comm_internal.h"
+#include "quant/mx.h"
 #include "util/error.h"
 
 /* ------------------------------------------------------------ basics */
@@ -213,4 +214,100 @@ void q3_comm__watchdog_stop(void) {
     pthread_join(g_wd_thread, NULL);
     pthread_cond_destroy(&g_wd_cv);
     g_wd_running = 0;
+}
+
+/* ------------------------------------------------------------ MXFP8 rows */
+
+size_t q3_comm_wire_row_bytes(size_t n, size_t nq) {
+    return nq ? nq + q3_mx_scale_bytes(nq) + (n - nq) * sizeof(float) : n * sizeof(float);
+}
+
+static void bad_payload(q3_group *g, const char *what, size_t n, size_t nq) {
+    char msg[256];
+    if (nq % Q3_MX_BLOCK || nq > n)
+        snprintf(msg, sizeof msg, "%s on group '%s': %zu MXFP8 columns of %zu is not a whole number of 32-blocks",
+                 what, q3_group_name(g), nq, n);
+    else
+        snprintf(msg, sizeof msg, "%s on group '%s' (comm_quant mxfp8): NaN or infinite activation, which MXFP8 "
+                 "cannot encode", what, q3_group_name(g));
+    q3_comm_abort(msg);
+}
+
+/* rows x n floats -> wire rows (elements, scales, raw tail). Rows are
+ * checked for finite values first so that the codec never fails (its error
+ * message is a global, not for concurrent threads). */
+static void pack_rows(q3_group *g, const char *what, const float *x, size_t rows, size_t n, size_t nq, uint8_t *wire) {
+    const size_t wb = q3_comm_wire_row_bytes(n, nq);
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (rows * nq >= 16384)
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        uint8_t *w = wire + r * wb;
+        int finite = 1;
+        for (size_t i = 0; i < nq; i++) finite &= isfinite(xr[i]) != 0;
+        if (!finite) {
+            bad = 1;
+            continue;
+        }
+        (void)q3_mx_quantize_row(Q3_MXFP8, xr, nq, w + nq, w);
+        memcpy(w + nq + nq / Q3_MX_BLOCK, xr + nq, (n - nq) * sizeof(float));
+    }
+    if (bad) bad_payload(g, what, n, nq);
+}
+
+static void unpack_rows(const uint8_t *wire, size_t rows, size_t n, size_t nq, float *y) {
+    const size_t wb = q3_comm_wire_row_bytes(n, nq);
+#pragma omp parallel for schedule(static) if (rows * nq >= 16384)
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *w = wire + r * wb;
+        q3_mx_dequantize_row(Q3_MXFP8, w + nq, w, nq, y + r * n);
+        memcpy(y + r * n + nq, w + nq + nq / Q3_MX_BLOCK, (n - nq) * sizeof(float));
+    }
+}
+
+static void check_nq(q3_group *g, const char *what, size_t n, size_t nq) {
+    if (nq % Q3_MX_BLOCK || nq > n) bad_payload(g, what, n, nq);
+}
+
+void q3_comm_allgather_rows(q3_group *g, const float *send, size_t rows, size_t n, size_t nq, float *recv,
+                            uint8_t *wire) {
+    if (!nq) {
+        q3_comm_allgather(g, send, rows * n, recv);
+        return;
+    }
+    check_nq(g, "allgather", n, nq);
+    const size_t P = (size_t)q3_group_size(g), blk = rows * q3_comm_wire_row_bytes(n, nq);
+    /* Own block quantized straight into its slot: an in-place allgather. */
+    pack_rows(g, "allgather", send, rows, n, nq, wire + (size_t)q3_group_rank(g) * blk);
+    q3_comm_allgather_bytes(g, wire + (size_t)q3_group_rank(g) * blk, blk, wire);
+    unpack_rows(wire, P * rows, n, nq, recv);
+}
+
+void q3_comm_alltoall_rows(q3_group *g, const float *send, float *recv, size_t rows, size_t n, size_t nq,
+                           uint8_t *wire) {
+    if (!nq) {
+        q3_comm_alltoall(g, send, recv, rows * n);
+        return;
+    }
+    check_nq(g, "alltoall", n, nq);
+    const size_t P = (size_t)q3_group_size(g), blk = rows * q3_comm_wire_row_bytes(n, nq);
+    pack_rows(g, "alltoall", send, P * rows, n, nq, wire);
+    q3_comm_alltoall_bytes(g, wire, wire + P * blk, blk);
+    unpack_rows(wire + P * blk, P * rows, n, nq, recv);
+}
+
+void q3_comm_alltoallv_rows(q3_group *g, const float *send, const size_t *send_rows, float *recv,
+                            const size_t *recv_rows, size_t n, size_t nq, uint8_t *wire) {
+    const int P = q3_group_size(g);
+    if (!nq) {
+        q3_comm__alltoallv_units(g, send, send_rows, recv, recv_rows, n * sizeof(float));
+        return;
+    }
+    check_nq(g, "alltoallv", n, nq);
+    size_t ns = 0, nr = 0;
+    for (int j = 0; j < P; j++) ns += send_rows[j], nr += recv_rows[j];
+    const size_t wb = q3_comm_wire_row_bytes(n, nq);
+    pack_rows(g, "alltoallv", send, ns, n, nq, wire);
+    q3_comm__alltoallv_units(g, wire, send_rows, wire + ns * wb, recv_rows, wb);
+    unpack_rows(wire + ns * wb, nr, n, nq, recv);
 }

@@ -130,6 +130,33 @@ void q3_comm_alltoallv_bytes(q3_group *g, const void *send, const size_t *send_c
                              const size_t *recv_counts);
 void q3_comm_broadcast_bytes(q3_group *g, void *buf, size_t n, int root);
 
+/* ------------------------------ rows of floats, optionally MXFP8 on the wire
+ * (comm_quant: mxfp8). Each row has n floats; its first nq (a multiple of
+ * 32, nq <= n) travel as MXFP8 and the other n - nq as raw fp32 (e.g. the
+ * routing ids and weights appended to a hidden row). A row on the wire is
+ * nq E4M3 element bytes, nq/32 E8M0 scale bytes (the bit-exact codec of
+ * src/quant/mx.h), then 4 (n - nq) bytes: q3_comm_wire_row_bytes. Every
+ * rank's rows, its own included, go through quantize + dequantize, so all
+ * ranks compute on identical values. nq == 0 is the plain fp32 collective
+ * (`wire` unused, may be NULL). The counters count the bytes actually sent
+ * (the formulas above with B in wire bytes), under the float kind. `wire`
+ * is the caller's scratch, sized as stated per call (sized at load: these
+ * calls allocate nothing). A NaN or infinite value in a quantized column
+ * takes the job down (q3_comm_abort): it cannot be encoded. */
+size_t q3_comm_wire_row_bytes(size_t n, size_t nq);
+/* recv[r*rows*n ..] = rank r's rows; send may be recv + rank*rows*n.
+ * wire: (P + 1) * rows * q3_comm_wire_row_bytes(n, nq) bytes. */
+void q3_comm_allgather_rows(q3_group *g, const float *send, size_t rows, size_t n, size_t nq, float *recv,
+                            uint8_t *wire);
+/* Block j (rows rows of n) of send goes to rank j; block i of recv came
+ * from rank i. wire: 2 * P * rows * q3_comm_wire_row_bytes(n, nq) bytes. */
+void q3_comm_alltoall_rows(q3_group *g, const float *send, float *recv, size_t rows, size_t n, size_t nq,
+                           uint8_t *wire);
+/* alltoallv with counts in rows. wire: (sum of send_rows + sum of
+ * recv_rows) * q3_comm_wire_row_bytes(n, nq) bytes. */
+void q3_comm_alltoallv_rows(q3_group *g, const float *send, const size_t *send_rows, float *recv,
+                            const size_t *recv_rows, size_t n, size_t nq, uint8_t *wire);
+
 /* -------------------------------------------------------------- counting */
 
 typedef struct {

@@ -25,6 +25,11 @@ int q3_comm__read_timeout(void);
 int64_t q3_comm__begin(q3_coll kind, const char *group_name);
 void q3_comm__end(q3_coll kind, int64_t t0, uint64_t sent, uint64_t recv);
 
+/* alltoallv of bytes whose counts are in units of `unit` bytes (rows of
+ * a wire format); counted as alltoallv with the bytes moved. */
+void q3_comm__alltoallv_units(q3_group *g, const void *send, const size_t *send_counts, void *recv,
+                              const size_t *recv_counts, size_t unit);
+
 /* Watchdog thread (started by the MPI backend's init, stopped by its
  * finalize). 0, or -1 with q3_err. */
 int q3_comm__watchdog_start(void);

@@ -174,22 +174,23 @@ void q3_comm_alltoall_bytes(q3_group *g, const void *send, void *recv, size_t n)
     alltoall(g, send, recv, n, MPI_BYTE, 1);
 }
 
+/* Counts are in units of `unit` elements of type t (es bytes each). */
 static void alltoallv(q3_group *g, const void *send, const size_t *send_counts, void *recv,
-                      const size_t *recv_counts, MPI_Datatype t, size_t es) {
+                      const size_t *recv_counts, MPI_Datatype t, size_t es, size_t unit) {
     int p = g->size;
     int *sc = g->scratch, *sd = sc + p, *rc = sd + p, *rd = rc + p;
     size_t soff = 0, roff = 0;
     uint64_t sent = 0, got = 0;
     for (int j = 0; j < p; j++) {
-        sc[j] = count_int(g, Q3_COLL_ALLTOALLV, send_counts[j]);
-        rc[j] = count_int(g, Q3_COLL_ALLTOALLV, recv_counts[j]);
+        sc[j] = count_int(g, Q3_COLL_ALLTOALLV, send_counts[j] * unit);
+        rc[j] = count_int(g, Q3_COLL_ALLTOALLV, recv_counts[j] * unit);
         sd[j] = count_int(g, Q3_COLL_ALLTOALLV, soff);
         rd[j] = count_int(g, Q3_COLL_ALLTOALLV, roff);
-        soff += send_counts[j];
-        roff += recv_counts[j];
+        soff += send_counts[j] * unit;
+        roff += recv_counts[j] * unit;
         if (j != g->rank) {
-            sent += (uint64_t)send_counts[j] * es;
-            got += (uint64_t)recv_counts[j] * es;
+            sent += (uint64_t)send_counts[j] * unit * es;
+            got += (uint64_t)recv_counts[j] * unit * es;
         }
     }
     count_int(g, Q3_COLL_ALLTOALLV, soff);
@@ -201,11 +202,15 @@ static void alltoallv(q3_group *g, const void *send, const size_t *send_counts, 
 
 void q3_comm_alltoallv(q3_group *g, const float *send, const size_t *send_counts, float *recv,
                        const size_t *recv_counts) {
-    alltoallv(g, send, send_counts, recv, recv_counts, MPI_FLOAT, sizeof(float));
+    alltoallv(g, send, send_counts, recv, recv_counts, MPI_FLOAT, sizeof(float), 1);
 }
 void q3_comm_alltoallv_bytes(q3_group *g, const void *send, const size_t *send_counts, void *recv,
                              const size_t *recv_counts) {
-    alltoallv(g, send, send_counts, recv, recv_counts, MPI_BYTE, 1);
+    alltoallv(g, send, send_counts, recv, recv_counts, MPI_BYTE, 1, 1);
+}
+void q3_comm__alltoallv_units(q3_group *g, const void *send, const size_t *send_counts, void *recv,
+                              const size_t *recv_counts, size_t unit) {
+    alltoallv(g, send, send_counts, recv, recv_counts, MPI_BYTE, 1, unit);
 }
 
 static void broadcast(q3_group *g, void *buf, size_t n, int root, MPI_Datatype t, size_t es) {

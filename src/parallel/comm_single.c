@@ -125,6 +125,7 @@ void q3_comm_alltoall_bytes(q3_group *g, const void *send, void *recv, size_t n)
     q3_comm__end(Q3_COLL_ALLTOALL, t0, 0, 0);
 }
 
+/* es: bytes per count unit. */
 static void alltoallv(q3_group *g, const void *send, const size_t *send_counts, void *recv,
                       const size_t *recv_counts, size_t es) {
     if (send_counts[0] != recv_counts[0]) {
@@ -145,6 +146,10 @@ void q3_comm_alltoallv(q3_group *g, const float *send, const size_t *send_counts
 void q3_comm_alltoallv_bytes(q3_group *g, const void *send, const size_t *send_counts, void *recv,
                              const size_t *recv_counts) {
     alltoallv(g, send, send_counts, recv, recv_counts, 1);
+}
+void q3_comm__alltoallv_units(q3_group *g, const void *send, const size_t *send_counts, void *recv,
+                              const size_t *recv_counts, size_t unit) {
+    alltoallv(g, send, send_counts, recv, recv_counts, unit);
 }
 
 void q3_comm_broadcast_bytes(q3_group *g, void *buf, size_t n, int root) {

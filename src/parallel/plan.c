@@ -354,6 +354,12 @@ int q3_plan_validate(q3_plan *p, int W, const q3_config *c, int mx_weights) {
                  "note: no sequence-parallel prefill: it needs attn_tp_size == moe_ep_size (here %d and %d); "
                  "prefill keeps the prompt replicated and allreduces after attention and MoE", A, E);
     }
+    /* SP prefill sends each rank's attention output (its heads' columns) as
+     * MXFP8 blocks of 32 along the row. */
+    if (p->sp_prefill && p->comm_quant == Q3_COMM_QUANT_MXFP8 && ((long)(Q / A) * p->head_dim) % 32)
+        return q3_err("comm_quant = mxfp8: with sequence-parallel prefill each rank's attention output slice "
+                      "(%d heads x head_dim %d) must be a multiple of the MX block size 32 "
+                      "(rule: (num_attention_heads / attn_tp_size * head_dim) %% 32 == 0)", Q / A, p->head_dim);
     p->validated = 1;
     return 0;
 }
@@ -482,7 +488,13 @@ void q3_plan_print(FILE *f, const q3_plan *p) {
                 p->intermediate);
     fprintf(f, "  lmhead_tp_size   %-4d %d of %d vocab rows per rank\n", L, p->vocab / L, p->vocab);
     if (p->is_moe) fprintf(f, "  moe_ep_comm      %-9s (%s)\n", q3_ep_comm_name(p->ep_comm), p->ep_comm_reason);
-    fprintf(f, "  comm_quant       %s\n", q3_comm_quant_name(p->comm_quant));
+    fprintf(f, "  comm_quant       %s", q3_comm_quant_name(p->comm_quant));
+    if (p->comm_quant == Q3_COMM_QUANT_MXFP8)
+        fprintf(f, " (%s)", (p->sp_prefill && A > 1) || (p->ep_comm == Q3_EP_COMM_ALLTOALL && E > 1)
+                                ? "allgather/alltoall payloads of hidden states and attention outputs; "
+                                  "allreduce, reduce_scatter and expert outputs stay fp32"
+                                : "no effect here: this plan has no allgather/alltoall of activations");
+    fputc('\n', f);
     fprintf(f, "  SP prefill       %s\n", !p->sp_prefill ? (A == 1 ? "no (attn_tp_size 1)" : "no")
                                        : p->is_moe ? "yes (attn_tp group == moe_ep group)"
                                                    : "yes (prompt rows sharded over attn_tp)");

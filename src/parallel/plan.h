@@ -35,7 +35,9 @@
  *   (if any) split their intermediate_size over the attn_tp group.
  * Sequence-parallel (SP) prefill shards the prompt's tokens over the
  * attn_tp group and hands the shards to the EP group without regathering;
- * that needs the two groups to coincide (attn_tp_size == moe_ep_size). */
+ * that needs the two groups to coincide (attn_tp_size == moe_ep_size).
+ * With comm_quant mxfp8 it also needs each rank's attention output
+ * (num_heads / attn_tp_size * head_dim) to be whole 32-blocks. */
 #ifndef Q3_PARALLEL_PLAN_H
 #define Q3_PARALLEL_PLAN_H
 

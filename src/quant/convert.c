@@ -1,4 +1,4 @@
-/* Checkpoint -> .q3m conversion (see convert.h). */
+/* The .q3m writer and checkpoint -> .q3m conversion (see convert.h). */
 #include "quant/convert.h"
 
 #include <errno.h>
@@ -36,8 +36,8 @@ int q3_scheme_from_name(const char *name, q3_quant_scheme *out) {
         const char *name;
         q3_quant_scheme s;
     } tab[] = {
-        {"w4a8", {Q3_MXFP4, Q3_MXFP8, 1}}, {"w8a8", {Q3_MXFP8, Q3_MXFP8, 1}}, {"w4", {Q3_MXFP4, Q3_MXFP4, 0}},
-        {"w8", {Q3_MXFP8, Q3_MXFP8, 0}},   {"bf16", {Q3_BF16, Q3_BF16, 0}},
+        {"w4a8", {Q3_MXFP4, Q3_MXFP8, 1, Q3_BF16}}, {"w8a8", {Q3_MXFP8, Q3_MXFP8, 1, Q3_BF16}}, {"w4", {Q3_MXFP4, Q3_MXFP4, 0, Q3_BF16}},
+        {"w8", {Q3_MXFP8, Q3_MXFP8, 0, Q3_BF16}},   {"bf16", {Q3_BF16, Q3_BF16, 0, Q3_BF16}},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (!strcmp(name, tab[i].name)) {
@@ -50,9 +50,29 @@ int q3_scheme_from_name(const char *name, q3_quant_scheme *out) {
 static const char *scheme_dtype_name(q3_dtype t) { return t == Q3_BF16 ? "as stored" : q3_dtype_name(t); }
 
 const char *q3_scheme_describe(const q3_quant_scheme *s, char *buf, unsigned cap) {
-    snprintf(buf, cap, "ffn %s, attn %s, act %s", scheme_dtype_name(s->ffn), scheme_dtype_name(s->attn),
-             s->act_mxfp8 ? "MXFP8" : "fp32");
+    snprintf(buf, cap, "ffn %s, attn %s, act %s%s%s", scheme_dtype_name(s->ffn), scheme_dtype_name(s->attn),
+             s->act_mxfp8 ? "MXFP8" : "fp32", q3_dtype_is_mx(s->head) ? ", lm_head " : "",
+             q3_dtype_is_mx(s->head) ? scheme_dtype_name(s->head) : "");
     return buf;
+}
+
+int q3_is_scheme_flag(const char *flag) {
+    return !strcmp(flag, "--quant") || !strcmp(flag, "--ffn") || !strcmp(flag, "--attn") || !strcmp(flag, "--act") ||
+           !strcmp(flag, "--head");
+}
+
+int q3_scheme_flag(const char *flag, const char *value, q3_quant_scheme *s) {
+    if (!strcmp(flag, "--quant")) {
+        if (q3_scheme_from_name(value, s)) return q3_err("--quant: unknown scheme '%s' (choose from %s)", value, Q3_SCHEME_NAMES);
+    } else if (!strcmp(flag, "--act")) {
+        if (strcmp(value, "mxfp8") && strcmp(value, "none")) return q3_err("--act: '%s' is not one of mxfp8, none", value);
+        s->act_mxfp8 = !strcmp(value, "mxfp8");
+    } else if (!strcmp(flag, "--head")) {
+        if (q3_scheme_parse_dtype(value, &s->head)) return q3_err("--head: '%s' is not one of mxfp8, mxfp4, bf16", value);
+    } else if (q3_scheme_parse_dtype(value, !strcmp(flag, "--ffn") ? &s->ffn : &s->attn)) {
+        return q3_err("%s: '%s' is not one of mxfp4, mxfp8, bf16", flag, value);
+    }
+    return 0;
 }
 
 static int ends_with(const char *s, const char *suf) {
@@ -66,6 +86,7 @@ q3_dtype q3_convert_target(const char *name, const q3_quant_scheme *s) {
     static const char *const ffn[] = {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"};
     for (int i = 0; i < 4; i++)
         if (ends_with(name, attn[i])) return s->attn;
+    if (!strcmp(name, "lm_head.weight")) return q3_dtype_is_mx(s->head) ? s->head : Q3_BF16;
     /* model.layers.L.mlp.{gate,up,down}_proj and model.layers.L.mlp.experts.E.*_proj
      * (not the router, model.layers.L.mlp.gate.weight). */
     if (strstr(name, ".mlp."))
@@ -180,6 +201,7 @@ static void unguard_tmp(void) {
 
 typedef struct {
     int quiet, tty;
+    const char *tag;
     uint64_t total, done;
     int last_shown; /* per mille on a terminal, tenths otherwise */
     double t0, last_t;
@@ -204,51 +226,48 @@ static void progress_show(progress *p, int final) {
         int fill = (int)(frac * 30);
         for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
         bar[30] = 0;
-        fprintf(stderr, "\r[convert] [%s] %5.1f%%  %.2f / %.2f GB  %.0f s", bar, 100 * frac, p->done / 1e9, p->total / 1e9, el);
+        fprintf(stderr, "\r[%s] [%s] %5.1f%%  %.2f / %.2f GB  %.0f s", p->tag, bar, 100 * frac, p->done / 1e9, p->total / 1e9, el);
         if (final) fputc('\n', stderr);
     } else {
         /* A line per 10%, from the first second on (a small model just gets the summary). */
         int tenth = (int)(frac * 10);
         if (final || el < 1.0 || tenth <= p->last_shown || tenth == 10) return;
         p->last_shown = tenth;
-        fprintf(stderr, "[convert] %3d%%  %.2f / %.2f GB  %.0f s\n", tenth * 10, p->done / 1e9, p->total / 1e9, el);
+        fprintf(stderr, "[%s] %3d%%  %.2f / %.2f GB  %.0f s\n", p->tag, tenth * 10, p->done / 1e9, p->total / 1e9, el);
     }
     fflush(stderr);
 }
 
 /* ---- tensors ---- */
 
-static uint64_t numel_of(const q3_st_tensor *t) {
+/* Source elements fetched per read: 4x the write buffer, so that BF16 ->
+ * MXFP4 (4 bytes in per byte out) fills the buffer in one go. */
+#define SCRATCH_SIZE (4 * (size_t)WBUF_SIZE)
+
+static uint64_t numel_of(const q3_src_tensor *t) {
     uint64_t n = 1;
     for (int d = 0; d < t->ndim; d++) n *= (uint64_t)t->shape[d];
     return n;
 }
 
-/* Let the pages of a source tensor go once converted: the resident set then
- * stays at about one tensor, whatever the model size. */
-static void drop_source(const q3_st_tensor *t) {
-    long pg = sysconf(_SC_PAGESIZE);
-    uintptr_t b = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
-    uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)pg - 1);
-    if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
-}
+static uint64_t nbytes_of(const q3_src_tensor *t) { return numel_of(t) * q3_dtype_size(t->dtype); }
 
-/* Quantize one tensor row by row into the writer: elements now, scales
+/* Quantize tensor ti row by row into the writer: elements now, scales
  * (kept for the whole tensor: 1/32 of the elements) after them. */
-static int write_quantized(writer *w, const q3_st_tensor *t, const q3m_tensor_out *o, progress *pr) {
+static int write_quantized(writer *w, const q3_tensor_source *s, int ti, const q3m_tensor_out *o, void *scratch,
+                           progress *pr) {
+    const q3_src_tensor *t = &s->tensors[ti];
     const size_t cols = (size_t)t->shape[t->ndim - 1], rows = (size_t)(numel_of(t) / cols);
     const size_t row_el = q3_mx_elem_bytes(o->dtype, cols), row_sc = cols / Q3_MX_BLOCK;
     const size_t in_row = cols * q3_dtype_size(t->dtype);
-    uint8_t *scales = q3_malloc(rows * row_sc);
-    size_t chunk = WBUF_SIZE / row_el;
-    if (chunk < 1) chunk = 1;
-    if (row_el > WBUF_SIZE) {
-        free(scales);
+    if (row_el > WBUF_SIZE || in_row > SCRATCH_SIZE)
         return q3_err("tensor %s: rows of %zu columns are too long to convert", t->name, cols);
-    }
+    size_t chunk = WBUF_SIZE / row_el < SCRATCH_SIZE / in_row ? WBUF_SIZE / row_el : SCRATCH_SIZE / in_row;
+    uint8_t *scales = q3_malloc(rows * row_sc);
     int rc = 0;
     for (size_t r0 = 0; rc == 0 && r0 < rows; r0 += chunk) {
         size_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+        const void *src = s->read(s->ctx, ti, (uint64_t)r0 * cols, nr * cols, scratch);
         uint8_t *out = w_reserve(w, nr * row_el);
         if (!out) {
             rc = -1;
@@ -260,8 +279,7 @@ static int write_quantized(writer *w, const q3_st_tensor *t, const q3m_tensor_ou
             float *x = q3_malloc(cols * sizeof(float));
 #pragma omp for schedule(static)
             for (long i = 0; i < (long)nr; i++) {
-                size_t r = r0 + (size_t)i;
-                q3_to_f32(x, t->data, t->dtype, r * cols, cols);
+                q3_to_f32(x, src, t->dtype, (size_t)i * cols, cols);
                 int finite = 1;
                 for (size_t k = 0; k < cols; k++) finite &= isfinite(x[k]) != 0;
                 if (!finite) {
@@ -270,18 +288,17 @@ static int write_quantized(writer *w, const q3_st_tensor *t, const q3m_tensor_ou
                     continue;
                 }
                 /* Cannot fail: the row is finite and cols % 32 == 0. */
-                q3_mx_quantize_row(o->dtype, x, cols, scales + r * row_sc, out + (size_t)i * row_el);
+                q3_mx_quantize_row(o->dtype, x, cols, scales + (r0 + (size_t)i) * row_sc, out + (size_t)i * row_el);
             }
             free(x);
         }
         if (bad >= 0) {
-            size_t r = r0 + (size_t)bad;
             float *x = q3_malloc(cols * sizeof(float));
-            q3_to_f32(x, t->data, t->dtype, r * cols, cols);
+            q3_to_f32(x, src, t->dtype, (size_t)bad * cols, cols);
             size_t k = 0;
             while (k < cols && isfinite(x[k])) k++;
-            rc = q3_err("tensor %s: element [%zu, %zu] is %s; a weight must be finite to be quantized", t->name, r, k,
-                        isnan(x[k]) ? "NaN" : x[k] > 0 ? "+infinity" : "-infinity");
+            rc = q3_err("tensor %s: element [%zu, %zu] is %s; a weight must be finite to be quantized", t->name,
+                        r0 + (size_t)bad, k, isnan(x[k]) ? "NaN" : x[k] > 0 ? "+infinity" : "-infinity");
             free(x);
             break;
         }
@@ -294,19 +311,20 @@ static int write_quantized(writer *w, const q3_st_tensor *t, const q3m_tensor_ou
     return rc;
 }
 
-static int write_copy(writer *w, const q3_st_tensor *t, progress *pr) {
-    const unsigned char *p = t->data;
-    for (uint64_t off = 0; off < t->nbytes;) {
-        uint64_t k = t->nbytes - off < WBUF_SIZE ? t->nbytes - off : WBUF_SIZE;
-        if (w_put(w, p + off, k)) return -1;
-        off += k;
-        pr->done += k;
+static int write_copy(writer *w, const q3_tensor_source *s, int ti, void *scratch, progress *pr) {
+    const q3_src_tensor *t = &s->tensors[ti];
+    const size_t esize = q3_dtype_size(t->dtype), step = SCRATCH_SIZE / esize;
+    const uint64_t numel = numel_of(t);
+    for (uint64_t off = 0; off < numel; off += step) {
+        size_t n = numel - off < step ? (size_t)(numel - off) : step;
+        if (w_put(w, s->read(s->ctx, ti, off, n, scratch), (uint64_t)n * esize)) return -1;
+        pr->done += (uint64_t)n * esize;
         progress_show(pr, 0);
     }
     return 0;
 }
 
-/* ---- the conversion ---- */
+/* ---- the writer ---- */
 
 static char *dir_of(const char *path) {
     const char *sl = strrchr(path, '/');
@@ -318,22 +336,6 @@ static char *dir_of(const char *path) {
     return d;
 }
 
-typedef struct {
-    char *bytes;
-    size_t len;
-} blob_file;
-
-/* Read DIR/name if it exists (empty blob otherwise); -1 on a read error. */
-static int read_optional(const char *dir, const char *name, blob_file *b) {
-    char *p = q3_path_join(dir, name);
-    b->bytes = NULL;
-    b->len = 0;
-    int rc = 0;
-    if (q3_file_exists(p) && !(b->bytes = q3_read_file(p, &b->len))) rc = -1;
-    free(p);
-    return rc;
-}
-
 static int check_target(const char *dst, int force) {
     struct stat st;
     if (stat(dst, &st) == 0) {
@@ -343,67 +345,82 @@ static int check_target(const char *dst, int force) {
     return 0;
 }
 
-int q3_convert(const q3_convert_opts *o, q3_convert_stats *st) {
-    memset(st, 0, sizeof *st);
-    const double t0 = now_s();
-    if (!q3_is_dir(o->src)) {
-        if (q3_file_exists(o->src) && q3m_is_q3m(o->src))
-            return q3_err("%s is already a converted .q3m file; convert reads a Hugging Face checkpoint directory", o->src);
-        return q3_err("%s is not a checkpoint directory", o->src);
-    }
-    if (check_target(o->dst, o->force)) return -1;
-    if (o->scheme.ffn == Q3_F32 || o->scheme.ffn == Q3_F16 || o->scheme.attn == Q3_F32 || o->scheme.attn == Q3_F16)
-        return q3_err("a scheme's weight types are MXFP4, MXFP8 or BF16 (as stored)");
-
-    /* Loading validates config.json and every tensor's presence and shape. */
-    q3_model m;
-    /* Conversion streams tensor by tensor: mapping the whole source up front
-     * would only inflate the resident set. */
-    int prefault_was = q3_prefault_set(0);
-    int load_rc = q3_model_load(&m, o->src);
-    q3_prefault_set(prefault_was);
-    if (load_rc) return -1;
-    const q3_st_archive *a = &m.st;
-
-    blob_file cfg = {0}, tok = {0}, tokc = {0};
-    int rc = read_optional(o->src, "config.json", &cfg);
-    if (rc == 0) rc = read_optional(o->src, "tokenizer.json", &tok);
-    if (rc == 0) rc = read_optional(o->src, "tokenizer_config.json", &tokc);
+/* Everything decided before the first byte is written: the output dtype and
+ * offsets of every tensor and section, and the header + table. */
+typedef struct {
     q3m_section_out secs[3];
-    int n_secs = 0;
-    if (rc == 0) {
-        secs[n_secs++] = (q3m_section_out){Q3M_SEC_CONFIG, cfg.bytes, cfg.len, 0};
-        if (tok.bytes) secs[n_secs++] = (q3m_section_out){Q3M_SEC_TOKENIZER, tok.bytes, tok.len, 0};
-        if (tokc.bytes) secs[n_secs++] = (q3m_section_out){Q3M_SEC_TOKENIZER_CONFIG, tokc.bytes, tokc.len, 0};
-    }
+    int n_secs;
+    q3m_tensor_out *outs;
+    int n_quantized;
+    uint64_t bytes_in, file_size;
+    unsigned char *head;
+    size_t head_len;
+} layout;
 
-    q3m_tensor_out *outs = q3_calloc((size_t)a->n_tensors + 1, sizeof *outs);
-    uint64_t total_in = 0;
-    for (int i = 0; rc == 0 && i < a->n_tensors; i++) {
-        const q3_st_tensor *t = &a->tensors[i];
-        q3m_tensor_out *u = &outs[i];
+static void layout_free(layout *l) {
+    free(l->outs);
+    free(l->head);
+}
+
+static int plan_layout(const q3_tensor_source *src, q3_quant_scheme scheme, layout *l) {
+    memset(l, 0, sizeof *l);
+    if (scheme.ffn == Q3_F32 || scheme.ffn == Q3_F16 || scheme.attn == Q3_F32 || scheme.attn == Q3_F16)
+        return q3_err("a scheme's weight types are MXFP4, MXFP8 or BF16 (as stored)");
+    l->secs[l->n_secs++] = (q3m_section_out){Q3M_SEC_CONFIG, src->config, src->config_len, 0};
+    if (src->tokenizer)
+        l->secs[l->n_secs++] = (q3m_section_out){Q3M_SEC_TOKENIZER, src->tokenizer, src->tokenizer_len, 0};
+    if (src->tokenizer_config)
+        l->secs[l->n_secs++] =
+            (q3m_section_out){Q3M_SEC_TOKENIZER_CONFIG, src->tokenizer_config, src->tokenizer_config_len, 0};
+    l->outs = q3_calloc((size_t)src->n_tensors + 1, sizeof *l->outs);
+    int has_head = 0;
+    for (int i = 0; i < src->n_tensors; i++) {
+        const q3_src_tensor *t = &src->tensors[i];
+        q3m_tensor_out *u = &l->outs[i];
         u->name = t->name;
         u->ndim = t->ndim;
         memcpy(u->shape, t->shape, sizeof u->shape);
-        q3_dtype target = q3_convert_target(t->name, &o->scheme);
+        q3_dtype target = q3_convert_target(t->name, &scheme);
         u->dtype = q3_dtype_is_mx(target) ? target : t->dtype;
         if (q3_dtype_is_mx(target) && t->shape[t->ndim - 1] % Q3_MX_BLOCK)
-            rc = q3_err("tensor %s: its input dimension (%lld) is not a multiple of %d, so it cannot be quantized to %s "
-                        "(use --%s bf16 to keep it as stored)",
-                        t->name, (long long)t->shape[t->ndim - 1], Q3_MX_BLOCK, q3_dtype_name(target),
-                        target == o->scheme.attn && strstr(t->name, ".self_attn.") ? "attn" : "ffn");
-        if (q3_dtype_is_mx(target)) st->n_quantized++;
-        total_in += t->nbytes;
+            return q3_err("tensor %s: its input dimension (%lld) is not a multiple of %d, so it cannot be quantized to %s "
+                          "(use --%s bf16 to keep it as stored)",
+                          t->name, (long long)t->shape[t->ndim - 1], Q3_MX_BLOCK, q3_dtype_name(target),
+                          !strcmp(t->name, "lm_head.weight")                       ? "head"
+                          : target == scheme.attn && strstr(t->name, ".self_attn.") ? "attn"
+                                                                                     : "ffn");
+        if (q3_dtype_is_mx(target)) l->n_quantized++;
+        if (!strcmp(t->name, "lm_head.weight")) has_head = 1;
+        l->bytes_in += nbytes_of(t);
     }
-    unsigned char *head = NULL;
-    size_t head_len = 0;
-    uint64_t file_size = 0;
-    if (rc == 0) rc = q3m_layout(secs, n_secs, outs, a->n_tensors, o->scheme, &head, &head_len, &file_size);
+    /* A tied lm_head is the embedding table, which must stay readable row by row. */
+    if (q3_dtype_is_mx(scheme.head) && !has_head)
+        return q3_err("--head %s: this model has no separate lm_head.weight (tie_word_embeddings: lm_head is the embedding "
+                      "table, which stays as stored)",
+                      q3_dtype_name(scheme.head));
+    return q3m_layout(l->secs, l->n_secs, l->outs, src->n_tensors, scheme, &l->head, &l->head_len, &l->file_size);
+}
+
+int q3_pack_size(const q3_tensor_source *src, q3_quant_scheme scheme, uint64_t *file_size) {
+    layout l;
+    int rc = plan_layout(src, scheme, &l);
+    *file_size = l.file_size;
+    layout_free(&l);
+    return rc;
+}
+
+int q3_pack(const q3_tensor_source *src, const q3_pack_opts *o, q3_convert_stats *st) {
+    memset(st, 0, sizeof *st);
+    const double t0 = now_s();
+    const char *tag = o->tag ? o->tag : "convert";
+    if (check_target(o->dst, o->force)) return -1;
+    layout l;
+    int rc = plan_layout(src, o->scheme, &l);
 
     char *dir = dir_of(o->dst);
     struct statvfs vfs;
-    if (rc == 0 && statvfs(dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < file_size)
-        rc = q3_err("not enough space in %s: the .q3m needs %.2f GB, %.2f GB are free", dir, file_size / 1e9,
+    if (rc == 0 && statvfs(dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < l.file_size)
+        rc = q3_err("not enough space in %s: the .q3m needs %.2f GB, %.2f GB are free", dir, l.file_size / 1e9,
                     (double)vfs.f_bavail * vfs.f_frsize / 1e9);
 
     char *tmp = q3_malloc(strlen(o->dst) + 16);
@@ -413,26 +430,30 @@ int q3_convert(const q3_convert_opts *o, q3_convert_stats *st) {
         w.fd = mkstemp(tmp);
         if (w.fd < 0) rc = q3_err("cannot create a temporary file next to %s: %s", o->dst, strerror(errno));
     }
+    void *scratch = NULL;
     if (w.fd >= 0) {
         guard_tmp(tmp);
         mode_t um = umask(0);
         umask(um);
         fchmod(w.fd, 0666 & ~um);
         w.buf = q3_malloc(WBUF_SIZE);
+        scratch = q3_malloc(SCRATCH_SIZE);
     }
-    progress pr = {.quiet = o->quiet, .tty = isatty(2), .total = total_in, .last_shown = isatty(2) ? -1 : 0, .t0 = t0};
-    if (rc == 0) rc = w_put(&w, head, head_len);
-    for (int i = 0; rc == 0 && i < n_secs; i++)
-        if ((rc = w_pad_to(&w, secs[i].offset)) == 0) rc = w_put(&w, secs[i].bytes, secs[i].size);
-    for (int i = 0; rc == 0 && i < a->n_tensors; i++) {
-        const q3_st_tensor *t = &a->tensors[i];
-        rc = w_pad_to(&w, outs[i].data_offset);
-        if (rc == 0) rc = q3_dtype_is_mx(outs[i].dtype) && outs[i].dtype != t->dtype ? write_quantized(&w, t, &outs[i], &pr)
-                                                                                  : write_copy(&w, t, &pr);
-        drop_source(t);
+    progress pr = {.quiet = o->quiet, .tty = isatty(2), .tag = tag, .total = l.bytes_in,
+                   .last_shown = isatty(2) ? -1 : 0, .t0 = t0};
+    if (rc == 0) rc = w_put(&w, l.head, l.head_len);
+    for (int i = 0; rc == 0 && i < l.n_secs; i++)
+        if ((rc = w_pad_to(&w, l.secs[i].offset)) == 0) rc = w_put(&w, l.secs[i].bytes, l.secs[i].size);
+    for (int i = 0; rc == 0 && i < src->n_tensors; i++) {
+        rc = w_pad_to(&w, l.outs[i].data_offset);
+        if (rc == 0)
+            rc = l.outs[i].dtype != src->tensors[i].dtype ? write_quantized(&w, src, i, &l.outs[i], scratch, &pr)
+                                                          : write_copy(&w, src, i, scratch, &pr);
+        if (src->release) src->release(src->ctx, i);
     }
-    if (rc == 0 && (rc = w_flush(&w)) == 0 && w.pos != file_size)
-        rc = q3_err("internal error: wrote %llu bytes, planned %llu", (unsigned long long)w.pos, (unsigned long long)file_size);
+    if (rc == 0 && (rc = w_flush(&w)) == 0 && w.pos != l.file_size)
+        rc = q3_err("internal error: wrote %llu bytes, planned %llu", (unsigned long long)w.pos,
+                    (unsigned long long)l.file_size);
     if (rc == 0 && fsync(w.fd) != 0) rc = q3_err("cannot flush %s to disk: %s", tmp, strerror(errno));
     if (w.fd >= 0 && close(w.fd) != 0 && rc == 0) rc = q3_err("error closing %s: %s", tmp, strerror(errno));
     if (rc == 0) {
@@ -458,22 +479,99 @@ int q3_convert(const q3_convert_opts *o, q3_convert_stats *st) {
     if (rc == 0) {
         pr.done = pr.total;
         progress_show(&pr, 1);
-        st->n_tensors = a->n_tensors;
-        st->bytes_in = total_in;
-        st->bytes_out = file_size;
+        st->n_tensors = src->n_tensors;
+        st->n_quantized = l.n_quantized;
+        st->bytes_in = l.bytes_in;
+        st->bytes_out = l.file_size;
         st->seconds = now_s() - t0;
         if (!o->quiet) {
             char sd[96];
-            fprintf(stderr, "[convert] wrote %s: %d tensors (%d quantized; %s), %.3f GB in, %.3f GB out, %.1f s\n", o->dst,
-                    st->n_tensors, st->n_quantized, q3_scheme_describe(&o->scheme, sd, sizeof sd), total_in / 1e9,
-                    file_size / 1e9, st->seconds);
+            fprintf(stderr, "[%s] wrote %s: %d tensors (%d quantized; %s), %.3f GB in, %.3f GB out, %.1f s\n", tag, o->dst,
+                    st->n_tensors, st->n_quantized, q3_scheme_describe(&o->scheme, sd, sizeof sd), l.bytes_in / 1e9,
+                    l.file_size / 1e9, st->seconds);
         }
     }
+    free(scratch);
     free(w.buf);
     free(tmp);
     free(dir);
-    free(head);
-    free(outs);
+    layout_free(&l);
+    return rc;
+}
+
+/* ---- a checkpoint directory as a source ---- */
+
+/* The tensors point into the mmapped safetensors: no copy. */
+static const void *st_read(void *ctx, int i, uint64_t first, size_t n, void *scratch) {
+    (void)n;
+    (void)scratch;
+    const q3_st_tensor *t = &((const q3_st_archive *)ctx)->tensors[i];
+    return (const unsigned char *)t->data + first * q3_dtype_size(t->dtype);
+}
+
+/* Let the pages of a source tensor go once converted: the resident set then
+ * stays at about one tensor, whatever the model size. */
+static void st_release(void *ctx, int i) {
+    const q3_st_tensor *t = &((const q3_st_archive *)ctx)->tensors[i];
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t b = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)pg - 1);
+    if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
+}
+
+typedef struct {
+    char *bytes;
+    size_t len;
+} blob_file;
+
+/* Read DIR/name if it exists (empty blob otherwise); -1 on a read error. */
+static int read_optional(const char *dir, const char *name, blob_file *b) {
+    char *p = q3_path_join(dir, name);
+    b->bytes = NULL;
+    b->len = 0;
+    int rc = 0;
+    if (q3_file_exists(p) && !(b->bytes = q3_read_file(p, &b->len))) rc = -1;
+    free(p);
+    return rc;
+}
+
+int q3_convert(const q3_convert_opts *o, q3_convert_stats *st) {
+    memset(st, 0, sizeof *st);
+    if (!q3_is_dir(o->src)) {
+        if (q3_file_exists(o->src) && q3m_is_q3m(o->src))
+            return q3_err("%s is already a converted .q3m file; convert reads a Hugging Face checkpoint directory", o->src);
+        return q3_err("%s is not a checkpoint directory", o->src);
+    }
+    if (check_target(o->dst, o->force)) return -1;
+
+    /* Loading validates config.json and every tensor's presence and shape. */
+    q3_model m;
+    /* Conversion streams tensor by tensor: mapping the whole source up front
+     * would only inflate the resident set. */
+    int prefault_was = q3_prefault_set(0);
+    int load_rc = q3_model_load(&m, o->src);
+    q3_prefault_set(prefault_was);
+    if (load_rc) return -1;
+    q3_st_archive *a = &m.st;
+
+    blob_file cfg = {0}, tok = {0}, tokc = {0};
+    int rc = read_optional(o->src, "config.json", &cfg);
+    if (rc == 0) rc = read_optional(o->src, "tokenizer.json", &tok);
+    if (rc == 0) rc = read_optional(o->src, "tokenizer_config.json", &tokc);
+    q3_src_tensor *ts = q3_calloc((size_t)a->n_tensors + 1, sizeof *ts);
+    for (int i = 0; i < a->n_tensors; i++) {
+        const q3_st_tensor *t = &a->tensors[i];
+        ts[i] = (q3_src_tensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+        memcpy(ts[i].shape, t->shape, sizeof ts[i].shape);
+    }
+    q3_tensor_source src = {
+        .tensors = ts, .n_tensors = a->n_tensors, .read = st_read, .release = st_release, .ctx = a,
+        .config = cfg.bytes, .config_len = cfg.len, .tokenizer = tok.bytes, .tokenizer_len = tok.len,
+        .tokenizer_config = tokc.bytes, .tokenizer_config_len = tokc.len,
+    };
+    q3_pack_opts po = {.dst = o->dst, .scheme = o->scheme, .force = o->force, .quiet = o->quiet, .tag = "convert"};
+    if (rc == 0) rc = q3_pack(&src, &po, st);
+    free(ts);
     free(cfg.bytes);
     free(tok.bytes);
     free(tokc.bytes);

@@ -17,10 +17,8 @@
  * that could only be a typo. */
 #define MAX_REPEAT_LAST_N (1 << 20)
 
-typedef struct {
-    float v;     /* logit, later the unnormalised probability */
-    int32_t id;
-} cand;
+/* v: the logit, later the unnormalised probability; id < 0: padding. */
+typedef q3_sample_cand cand;
 
 struct q3_sampler {
     q3_sampler_params p;
@@ -114,15 +112,19 @@ void q3_sampler_accept(q3_sampler *s, int32_t token) {
     if (s->hist_len < n) s->hist_len++;
 }
 
-/* Each distinct token of the window is penalised once, as in llama.cpp. */
-static void apply_repeat_penalty(q3_sampler *s, float *logits) {
+/* Each distinct token of the window is penalised once, as in llama.cpp.
+ * slice holds the logits of ids [lo, lo + n) (the whole vocab on one rank):
+ * a rank of a vocab-split lm_head penalises the tokens of its own slice,
+ * element for element what one rank does to the full row. */
+static void apply_repeat_penalty(q3_sampler *s, float *slice, int lo, int n) {
     float pen = s->p.repeat_penalty;
     if (pen == 1.0f || s->hist_len == 0) return;
     for (int i = 0; i < s->hist_len; i++) {
         int32_t t = s->hist[i];
-        if (s->mark[t]) continue;
+        if (s->mark[t] || t < lo || t >= lo + n) continue;
         s->mark[t] = 1;
-        logits[t] = logits[t] > 0.0f ? logits[t] / pen : logits[t] * pen;
+        float *x = &slice[t - lo];
+        *x = *x > 0.0f ? *x / pen : *x * pen;
     }
     for (int i = 0; i < s->hist_len; i++) s->mark[s->hist[i]] = 0;
 }
@@ -212,28 +214,30 @@ static size_t mass_prefix_unsorted(cand *a, size_t n, double target) {
     return hi;
 }
 
-/* Keep the k best of logits in s->c[0..k), best first. */
-static size_t gather_top_k(q3_sampler *s, const float *logits, size_t k) {
-    cand *h = s->c;
-    size_t n = 0;
-    for (int i = 0; i < s->vocab; i++) {
-        cand x = {logits[i], i};
-        if (isnan(x.v)) continue;
-        if (n < k) {
-            /* sift up: the root must stay the worst kept candidate */
-            size_t j = n++;
-            h[j] = x;
-            while (j > 0 && better(&h[(j - 1) / 2], &h[j])) {
-                swap_cand(&h[(j - 1) / 2], &h[j]);
-                j = (j - 1) / 2;
-            }
-        } else if (better(&x, &h[0])) {
-            h[0] = x;
-            sift_down(h, n, 0);
+/* Bounded top-k selector: offer x to the heap h of n (at most k) kept
+ * candidates, whose root is the worst of them. */
+static void heap_offer(cand *h, size_t *n, size_t k, cand x) {
+    if (*n < k) {
+        size_t j = (*n)++; /* sift up: the root must stay the worst kept candidate */
+        h[j] = x;
+        while (j > 0 && better(&h[(j - 1) / 2], &h[j])) {
+            swap_cand(&h[(j - 1) / 2], &h[j]);
+            j = (j - 1) / 2;
         }
+    } else if (better(&x, &h[0])) {
+        h[0] = x;
+        sift_down(h, *n, 0);
     }
-    sort_best_first(h, n);
-    return n;
+}
+
+/* Keep the k best of logits[0..n) (ids lo + i) in h[0..), best first;
+ * returns how many (fewer than k only when the slice has fewer non-NaN). */
+static size_t top_k_of(cand *h, const float *logits, int lo, int n, size_t k) {
+    size_t m = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(logits[i])) heap_offer(h, &m, k, (cand){logits[i], lo + i});
+    sort_best_first(h, m);
+    return m;
 }
 
 static size_t gather_all(q3_sampler *s, const float *logits) {
@@ -273,19 +277,10 @@ static size_t keep_at_least(cand *c, size_t n, float t) {
     return m;
 }
 
-int32_t q3_sampler_sample(q3_sampler *s, float *logits) {
+/* Softmax with temperature over the n candidates in s->c (best first when
+ * sorted), min-p, top-p, then one draw. */
+static int32_t draw(q3_sampler *s, size_t n, int sorted) {
     const q3_sampler_params *p = &s->p;
-    apply_repeat_penalty(s, logits);
-    if (p->temperature <= 0.0f) return argmax(logits, s->vocab);
-
-    size_t n;
-    int sorted = 0;
-    if (p->top_k > 0 && p->top_k < s->vocab) {
-        n = gather_top_k(s, logits, (size_t)p->top_k);
-        sorted = 1;
-    } else {
-        n = gather_all(s, logits);
-    }
     if (n == 0) return 0;
     cand *c = s->c;
 
@@ -331,4 +326,59 @@ int32_t q3_sampler_sample(q3_sampler *s, float *logits) {
     for (size_t i = n; i-- > 0;)
         if (c[i].v > 0.0f) return c[i].id;
     return c[0].id;
+}
+
+static int top_k_on(const q3_sampler_params *p, int vocab) { return p->top_k > 0 && p->top_k < vocab; }
+
+int32_t q3_sampler_sample(q3_sampler *s, float *logits) {
+    apply_repeat_penalty(s, logits, 0, s->vocab);
+    if (s->p.temperature <= 0.0f) return argmax(logits, s->vocab);
+    if (top_k_on(&s->p, s->vocab)) return draw(s, top_k_of(s->c, logits, 0, s->vocab, (size_t)s->p.top_k), 1);
+    return draw(s, gather_all(s, logits), 0);
+}
+
+/* ------------------------------------------------ vocab-parallel sampling */
+
+/* Why a fallback rather than a bounded candidate count when top-k is off:
+ * the tokens top-p / min-p keep (or, with neither, every token) depend on
+ * the whole distribution and can number up to the vocab on a flat one; a
+ * fixed bound would silently cut the distribution drawn from, and an exact
+ * variable-size exchange needs the global max and normaliser first (two
+ * more rounds and an allgatherv per token). The settings generate is run
+ * with (greedy, Qwen3's top-k 20) take the candidate path. */
+int q3_sampler_cands_per_rank(const q3_sampler_params *p, int vocab, int slice_n) {
+    int k = p->temperature <= 0.0f ? 1 : top_k_on(p, vocab) ? p->top_k : 0;
+    /* k candidates of 8 bytes must be smaller than slice_n logits of 4 */
+    return (long)k * (long)sizeof(q3_sample_cand) < (long)slice_n * (long)sizeof(float) ? k : 0;
+}
+
+void q3_sampler_local(q3_sampler *s, float *slice, int lo, int n, q3_sample_cand *out, int k) {
+    apply_repeat_penalty(s, slice, lo, n);
+    size_t m;
+    if (s->p.temperature <= 0.0f) {
+        int32_t b = -1; /* argmax's rule: the first of the largest non-NaN values */
+        for (int i = 0; i < n; i++)
+            if (!isnan(slice[i]) && (b < 0 || slice[i] > slice[b])) b = i;
+        m = b >= 0;
+        if (m) out[0] = (cand){slice[b], lo + b};
+    } else {
+        m = top_k_of(out, slice, lo, n, (size_t)k);
+    }
+    for (size_t i = m; i < (size_t)k; i++) out[i] = (cand){NAN, -1};
+}
+
+int32_t q3_sampler_pick(q3_sampler *s, const q3_sample_cand *all, size_t n) {
+    if (s->p.temperature <= 0.0f) {
+        const cand *b = NULL;
+        for (size_t i = 0; i < n; i++)
+            if (all[i].id >= 0 && !isnan(all[i].v) && (!b || better(&all[i], b))) b = &all[i];
+        return b ? b->id : 0; /* all NaN: 0, as argmax */
+    }
+    /* The global top-k lies in the union of the ranks' top-k: select it
+     * again with the same order, then the same draw as one rank. */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (all[i].id >= 0 && !isnan(all[i].v)) heap_offer(s->c, &m, (size_t)s->p.top_k, all[i]);
+    sort_best_first(s->c, m);
+    return draw(s, m, 1);
 }

@@ -7,11 +7,27 @@
 
 #include "util/error.h"
 
-int synth_dump_json(json_t *root, const char *path, size_t flags) {
+char *synth_json_text(json_t *root, size_t flags) {
     char *text = json_dumps(root, flags);
-    if (!text) return q3_err("cannot serialize %s", path);
+    if (!text) {
+        q3_err("cannot serialize JSON");
+        return NULL;
+    }
+    /* Python's writers end the file with a newline; json_dumps does not. */
+    size_t n = strlen(text);
+    char *out = q3_malloc(n + 2);
+    memcpy(out, text, n);
+    out[n] = '\n';
+    out[n + 1] = 0;
+    free(text);
+    return out;
+}
+
+int synth_dump_json(json_t *root, const char *path, size_t flags) {
+    char *text = synth_json_text(root, flags);
+    if (!text) return q3_err_prefix("%s", path);
     FILE *f = fopen(path, "wb");
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    int ok = f && fputs(text, f) >= 0;
     if (f && fclose(f) != 0) ok = 0;
     free(text);
     if (!ok) return q3_err("cannot write %s: %s", path, strerror(errno));
@@ -23,7 +39,7 @@ static void set_real(json_t *o, const char *k, double v) { json_object_set_new(o
 static void set_bool(json_t *o, const char *k, int v) { json_object_set_new(o, k, json_boolean(v)); }
 static void set_str(json_t *o, const char *k, const char *v) { json_object_set_new(o, k, json_string(v)); }
 
-int synth_write_config(const char *path, const synth_geom *g, const char *torch_dtype) {
+static json_t *config_object(const synth_geom *g, const char *torch_dtype) {
     int moe = g->experts > 0;
     json_t *c = json_object();
     json_t *arch = json_array();
@@ -66,9 +82,23 @@ int synth_write_config(const char *path, const synth_geom *g, const char *torch_
         set_bool(c, "output_router_logits", 0);
         set_real(c, "router_aux_loss_coef", 0.001);
     }
-    /* Precision 15 prints 1e-6 as "1e-06" and 0.02 as "0.02", as Python
-     * does, instead of the 17-digit expansions. */
-    int rc = synth_dump_json(c, path, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
+    return c;
+}
+
+/* Precision 15 prints 1e-6 as "1e-06" and 0.02 as "0.02", as Python does,
+ * instead of the 17-digit expansions. */
+#define CONFIG_FLAGS (JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15))
+
+char *synth_config_text(const synth_geom *g, const char *torch_dtype) {
+    json_t *c = config_object(g, torch_dtype);
+    char *text = synth_json_text(c, CONFIG_FLAGS);
+    json_decref(c);
+    return text;
+}
+
+int synth_write_config(const char *path, const synth_geom *g, const char *torch_dtype) {
+    json_t *c = config_object(g, torch_dtype);
+    int rc = synth_dump_json(c, path, CONFIG_FLAGS);
     json_decref(c);
     return rc;
 }

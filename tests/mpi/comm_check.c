@@ -12,6 +12,11 @@
  *                    broadcast (6, root P-1), allgather_bytes (33),
  *                    alltoall_bytes (4 per peer), alltoallv_bytes (counts
  *                    (2r + j) % 4 + 1), broadcast_bytes (9, root 0), barrier
+ *         "quant"    rows collectives (q3_comm_*_rows): allgather of 3 rows of
+ *                    40 (32 MXFP8 + 8 fp32), alltoall of 2 rows of 64 (all
+ *                    MXFP8) per peer, alltoallv of ((r + j) % 2 + 1) rows of
+ *                    32 MXFP8 from r to j, alltoallv of ((r + 2j) % 3) rows
+ *                    of 5 fp32 (nq 0); results against q3_mx_fake_quant_row
  *         "split"    allreduce_sum (1) on the even / odd ranks
  *         "plan"     allreduce_sum (1) on each group of a q3_plan
  *                    (attn_tp = moe_ep = max(P/2, 1), lmhead_tp = P)
@@ -31,6 +36,7 @@
 #include "model/config.h"
 #include "parallel/comm.h"
 #include "parallel/plan.h"
+#include "quant/mx.h"
 #include "util/error.h"
 
 static int g_rank, g_checks, g_failures;
@@ -48,6 +54,19 @@ static void check_f(const char *what, const float *got, const float *want, size_
 
 static void check_b(const char *what, const unsigned char *got, const unsigned char *want, size_t n) {
     for (size_t i = 0; i < n; i++) check(got[i] == want[i], what, (long)i, got[i], want[i]);
+}
+
+/* A varied, rank-dependent value (magnitudes over several binades, so that
+ * MXFP8 blocks get different scales and elements get rounded). */
+static float val(int r, int row, int i) {
+    return (float)((r * 7 + row * 3 + i) % 17 - 8) * 0.173f * (float)(1 + i % 5) * (row % 2 ? 1e-3f : 1.0f);
+}
+
+/* n values of (rank r, row) with the first nq through MXFP8, as every rank
+ * must see them after a rows collective. */
+static void expect_row(int r, int row, size_t n, size_t nq, float *y) {
+    for (size_t i = 0; i < n; i++) y[i] = val(r, row, (int)i);
+    if (nq && q3_mx_fake_quant_row(Q3_MXFP8, y, nq, y)) q3_comm_abort(q3_errmsg());
 }
 
 static int env_rank(const char *name) {
@@ -86,7 +105,7 @@ int main(int argc, char **argv) {
         sleep(600);
     }
 
-    float *a = q3_malloc(4096 * sizeof *a), *b = q3_malloc(4096 * sizeof *b), *e = q3_malloc(4096 * sizeof *e);
+    float *a = q3_malloc(16384 * sizeof *a), *b = q3_malloc(16384 * sizeof *b), *e = q3_malloc(16384 * sizeof *e);
     unsigned char *ba = q3_malloc(4096), *bb = q3_malloc(4096), *be = q3_malloc(4096);
     size_t sc[64], rc[64];
 
@@ -159,6 +178,47 @@ int main(int argc, char **argv) {
 
     q3_comm_barrier(w);
 
+    /* ---- quant: rows collectives, MXFP8 on the wire ---- */
+    phase("quant");
+    uint8_t *wire = q3_malloc(1 << 16);
+    for (int row = 0; row < 3; row++)
+        for (int i = 0; i < 40; i++) a[row * 40 + i] = val(r, row, i);
+    q3_comm_allgather_rows(w, a, 3, 40, 32, b, wire);
+    for (int j = 0; j < P; j++)
+        for (int row = 0; row < 3; row++) expect_row(j, row, 40, 32, e + ((size_t)j * 3 + (size_t)row) * 40);
+    check_f("allgather_rows", b, e, (size_t)P * 3 * 40);
+
+    for (int j = 0; j < P; j++)   /* to peer j: rows 10 j + {0, 1} of mine */
+        for (int row = 0; row < 2; row++)
+            for (int i = 0; i < 64; i++) a[((size_t)j * 2 + (size_t)row) * 64 + (size_t)i] = val(r, 10 * j + row, i);
+    q3_comm_alltoall_rows(w, a, b, 2, 64, 64, wire);
+    for (int j = 0; j < P; j++)
+        for (int row = 0; row < 2; row++) expect_row(j, 10 * r + row, 64, 64, e + ((size_t)j * 2 + (size_t)row) * 64);
+    check_f("alltoall_rows", b, e, (size_t)P * 2 * 64);
+
+    size_t nrow = 0, erow = 0;
+    for (int j = 0; j < P; j++) {
+        sc[j] = (size_t)((r + j) % 2 + 1);
+        rc[j] = (size_t)((j + r) % 2 + 1);
+        for (size_t k = 0; k < sc[j]; k++, nrow++)
+            for (int i = 0; i < 32; i++) a[nrow * 32 + (size_t)i] = val(r, 10 * j + (int)k, i);
+        for (size_t k = 0; k < rc[j]; k++, erow++) expect_row(j, 10 * r + (int)k, 32, 32, e + erow * 32);
+    }
+    q3_comm_alltoallv_rows(w, a, sc, b, rc, 32, 32, wire);
+    check_f("alltoallv_rows", b, e, erow * 32);
+
+    nrow = erow = 0;
+    for (int j = 0; j < P; j++) {
+        sc[j] = (size_t)((r + 2 * j) % 3);
+        rc[j] = (size_t)((j + 2 * r) % 3);
+        for (size_t k = 0; k < sc[j]; k++, nrow++)
+            for (int i = 0; i < 5; i++) a[nrow * 5 + (size_t)i] = val(r, 10 * j + (int)k, i);
+        for (size_t k = 0; k < rc[j]; k++, erow++) expect_row(j, 10 * r + (int)k, 5, 0, e + erow * 5);
+    }
+    q3_comm_alltoallv_rows(w, a, sc, b, rc, 5, 0, NULL);
+    check_f("alltoallv_rows fp32", b, e, erow * 5);
+    free(wire);
+
     /* ---- split: even / odd ranks ---- */
     phase("split");
     q3_group *half = q3_group_split(w, r % 2, r, "parity");
@@ -221,7 +281,7 @@ int main(int argc, char **argv) {
     q3_plan_free_groups(&groups);
 
     /* ---- report ---- */
-    static const char *phases[] = {"prefill", "decode", "split", "plan"};
+    static const char *phases[] = {"prefill", "decode", "quant", "split", "plan"};
     for (size_t ph = 0; ph < sizeof phases / sizeof phases[0]; ph++)
         for (int k = 0; k < Q3_COLL_N; k++) {
             q3_comm_stat s = q3_comm_stats_get((q3_coll)k, phases[ph]);

@@ -1,7 +1,10 @@
 /* Kernels against straightforward double-precision references. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
@@ -79,7 +82,7 @@ static void check_matmul(q3_dtype dt, int T, int M, int K) {
 
 static void test_matmul(void) {
     /* Every ISA this CPU has, each against the double-precision reference. */
-    for (int isa = Q3_ISA_SCALAR; isa <= Q3_ISA_AVX512; isa++) {
+    for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
         check_matmul(Q3_F32, 1, 37, 64);
@@ -93,36 +96,63 @@ static void test_matmul(void) {
         check_matmul(Q3_F32, 2, 18, 32);
         check_matmul(Q3_BF16, 13, 33, 64); /* odd row count: packed path */
         check_matmul(Q3_BF16, 40, 300, 512); /* big enough to run multi-threaded */
+        check_matmul(Q3_BF16, 100, 50, 256);  /* tokens-in-lanes kernels: several passes of 48 */
+        check_matmul(Q3_F32, 49, 21, 96);
+        check_matmul(Q3_F16, 33, 9, 160);
     }
-    q3_kernels_force(Q3_ISA_AVX512);
+    q3_kernels_force(Q3_ISA_COUNT - 1);
 }
 
 /* MX weights (both element formats, tiny and zero blocks included) against
  * a double-precision product with the dequantized rows, for the GEMV (one
  * token) and packed GEMM paths of every ISA. */
-static void check_mx(q3_dtype dt, int T, int M, int K) {
+/* extremes: rows of tiny (scale code 0) and zero blocks, which the A8 GEMM
+ * hands back to the fp32 kernels. */
+static void check_mx_a8(q3_dtype dt, int T, int M, int K, int a8, int extremes) {
     const size_t eb = dt == Q3_MXFP8 ? (size_t)K : (size_t)K / 2;
     uint8_t *el = malloc((size_t)M * eb), *sc = malloc((size_t)M * K / 32);
     float *row = malloc((size_t)K * sizeof(float)), *wf = malloc((size_t)M * K * sizeof(float));
     float *x = malloc((size_t)T * K * sizeof(float)), *out = malloc((size_t)T * M * sizeof(float));
     for (int r = 0; r < M; r++) {
-        for (int k = 0; k < K; k++) row[k] = frand() * (r % 5 == 0 ? 1e-38f : r % 7 == 0 ? 0.0f : 3.0f);
+        for (int k = 0; k < K; k++)
+            row[k] = frand() * (extremes && r % 5 == 0 ? 1e-38f : extremes && r % 7 == 0 ? 0.0f : 3.0f);
         CHECK(q3_mx_quantize_row(dt, row, (size_t)K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
         q3_mx_dequantize_row(dt, sc + (size_t)r * K / 32, el + (size_t)r * eb, (size_t)K, wf + (size_t)r * K);
     }
-    for (int i = 0; i < T * K; i++) x[i] = frand();
-    q3_mat W = {.data = el, .dtype = dt, .rows = M, .cols = K, .scales = sc};
-    for (int isa = Q3_ISA_SCALAR; isa <= Q3_ISA_AVX512; isa++) {
+    for (int i = 0; i < T * K; i++) x[i] = frand() * (i % 97 == 0 ? 300.0f : 1.0f);
+    /* A8: the input holds MXFP8 values, as the model leaves it. */
+    for (int t = 0; a8 && t < T; t++) CHECK(q3_mx_fake_quant_row(Q3_MXFP8, x + (size_t)t * K, (size_t)K, x + (size_t)t * K) == 0);
+    q3_mat W = {.data = el, .dtype = dt, .rows = M, .cols = K, .scales = sc, .a8 = a8};
+    for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
         q3_matmul(out, x, T, &W);
         CHECK(worst_rel_err(out, x, wf, T, M, K) < 1e-5);
     }
-    q3_kernels_force(Q3_ISA_AVX512);
+    q3_kernels_force(Q3_ISA_COUNT - 1);
     free(el), free(sc), free(row), free(wf), free(x), free(out);
 }
 
+static void check_mx(q3_dtype dt, int T, int M, int K) {
+    check_mx_a8(dt, T, M, K, 0, 1);
+    check_mx_a8(dt, T, M, K, 1, 1);
+}
+
 static void test_mx_matmul(void) {
+    /* The A8 GEMV: runs of 16 blocks, shorter tails, both element formats. */
+    check_mx(Q3_MXFP4, 1, 33, 128);
+    check_mx(Q3_MXFP8, 1, 33, 192);
+    check_mx(Q3_MXFP4, 1, 50, 1152);
+    check_mx(Q3_MXFP8, 1, 50, 1152);
+    check_mx(Q3_MXFP8, 1, 260, 2048); /* multi-threaded */
+    /* The A8 GEMM: 1, 2 and 3 vectors of tokens, row tails, several passes of 48 tokens. */
+    const int gt[] = {2, 9, 17, 33, 48, 100};
+    for (size_t i = 0; i < sizeof gt / sizeof gt[0]; i++) {
+        check_mx_a8(Q3_MXFP4, gt[i], 37, 256, 1, 0);
+        check_mx_a8(Q3_MXFP8, gt[i], 21, 192, 1, 0);
+    }
+    check_mx_a8(Q3_MXFP4, 40, 300, 1024, 1, 0); /* multi-threaded */
+    check_mx_a8(Q3_MXFP4, 20, 40, 256, 1, 1);   /* panels falling back to fp32 */
     check_mx(Q3_MXFP8, 1, 37, 256);
     check_mx(Q3_MXFP4, 1, 37, 256);
     check_mx(Q3_MXFP8, 9, 40, 320);
@@ -162,7 +192,7 @@ static void test_attention(void) {
     for (size_t i = 0; i < N * kvs; i++) k[i] = frand() * 3, v[i] = frand();
     for (size_t i = 0; i < (size_t)N * H * D; i++) q[i] = frand();
     q3_attn_layer L = {H, KVH, D, kvs, k, v};
-    for (int isa = Q3_ISA_SCALAR; isa <= Q3_ISA_AVX512; isa++) {
+    for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
         double worst = 0;
@@ -191,8 +221,72 @@ static void test_attention(void) {
         }
         CHECK(worst < 1e-5);
     }
-    q3_kernels_force(Q3_ISA_AVX512);
+    q3_kernels_force(Q3_ISA_COUNT - 1);
     free(k), free(v), free(q), free(out), free(scratch);
+}
+
+/* Prefill tiles across shapes: head_dim 24/48/64/128, GQA ratios 1, 2, 8,
+ * lengths that are not multiples of the tiles, and prefill continuing on a
+ * filled cache (pos0 > 0). Every ISA against a double-precision reference
+ * and against the scalar variant; the default ISA also 1 vs 2 threads,
+ * bit for bit. */
+static void test_attention_tiles(void) {
+    static const int shapes[][3] = {{2, 2, 64}, {4, 2, 128}, {16, 2, 48}, {8, 1, 128}, {3, 3, 24}};
+    static const int cases[][2] = {{2, 0}, {7, 0}, {65, 0}, {130, 0}, {300, 0}, {37, 200}, {129, 131}, {5, 290}, {1, 250}};
+    enum { N = 300 };
+    const int max_threads = omp_get_max_threads(), nthr = max_threads < 2 ? 2 : max_threads;
+    omp_set_num_threads(nthr); /* the scratch is sized for the thread count in force */
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int H = shapes[si][0], KVH = shapes[si][1], D = shapes[si][2], g = H / KVH;
+        const size_t kvs = (size_t)KVH * D, qs = (size_t)H * D;
+        float *k = malloc(N * kvs * sizeof(float)), *v = malloc(N * kvs * sizeof(float));
+        float *q = malloc(N * qs * sizeof(float)), *out = malloc(N * qs * sizeof(float));
+        float *ref = malloc(N * qs * sizeof(float)), *out2 = malloc(N * qs * sizeof(float));
+        float *scratch = malloc(q3_attention_scratch(H, D, N) * sizeof(float));
+        double *sc = malloc(N * sizeof(double)), *o = malloc((size_t)D * sizeof(double));
+        for (size_t i = 0; i < N * kvs; i++) k[i] = frand() * 3, v[i] = frand();
+        for (size_t i = 0; i < N * qs; i++) q[i] = frand();
+        const q3_attn_layer L = {H, KVH, D, kvs, k, v};
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int T = cases[ci][0], pos0 = cases[ci][1];
+            double worst_ref = 0, worst_scalar = 0;
+            for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
+                q3_kernels_force((q3_isa)isa);
+                if ((int)q3_kernels_isa() != isa) continue;
+                q3_attention(out, q, T, pos0, &L, scratch);
+                if (isa == Q3_ISA_SCALAR) memcpy(ref, out, (size_t)T * qs * sizeof(float));
+                for (size_t i = 0; i < (size_t)T * qs; i++) worst_scalar = fmax(worst_scalar, fabs(out[i] - ref[i]));
+                for (int t = 0; t < T; t++)
+                    for (int h = 0; h < H; h++) {
+                        const float *qv = q + ((size_t)t * H + h) * D, *kv = k + (size_t)(h / g) * D, *vv = v + (size_t)(h / g) * D;
+                        double mx = -1e300, z = 0;
+                        for (int j = 0; j <= pos0 + t; j++) {
+                            double d = 0;
+                            for (int i = 0; i < D; i++) d += (double)qv[i] * kv[j * kvs + i];
+                            mx = fmax(mx, sc[j] = d / sqrt(D));
+                        }
+                        for (int i = 0; i < D; i++) o[i] = 0;
+                        for (int j = 0; j <= pos0 + t; j++) {
+                            z += sc[j] = exp(sc[j] - mx);
+                            for (int i = 0; i < D; i++) o[i] += sc[j] * vv[j * kvs + i];
+                        }
+                        for (int i = 0; i < D; i++)
+                            worst_ref = fmax(worst_ref, fabs(o[i] / z - out[((size_t)t * H + h) * D + i]) / (1 + fabs(o[i] / z)));
+                    }
+            }
+            if (!CHECK(worst_ref < 1e-5 && worst_scalar < 2e-6))
+                fprintf(stderr, "  H %d KVH %d D %d T %d pos0 %d: vs double %.3g, vs scalar %.3g\n", H, KVH, D, T, pos0,
+                        worst_ref, worst_scalar);
+            /* Same bits whatever the thread count (the default ISA is in force). */
+            omp_set_num_threads(1);
+            q3_attention(out, q, T, pos0, &L, scratch);
+            omp_set_num_threads(nthr);
+            q3_attention(out2, q, T, pos0, &L, scratch);
+            CHECK(memcmp(out, out2, (size_t)T * qs * sizeof(float)) == 0);
+        }
+        free(k), free(v), free(q), free(out), free(ref), free(out2), free(scratch), free(sc), free(o);
+    }
+    omp_set_num_threads(max_threads);
 }
 
 static void test_rmsnorm_softmax_swiglu(void) {
@@ -220,13 +314,32 @@ static void test_rope_rotate_half(void) {
     CHECK_NEAR(v[3], 4 * cos(0.7) + 2 * sin(0.7), 1e-6);
 }
 
+/* The fused add + RMSNorm + MXFP8 copy equals the unfused composition bit
+ * for bit, with and without the add, with the copy in place or over delta. */
+static void test_add_rmsnorm_mx8(void) {
+    enum { N = 320 };
+    float x0[N], d0[N], w[N], x1[N], x2[N], d2[N], out1[N], q1[N], out2[N], x3[N], q3[N];
+    for (int i = 0; i < N; i++) x0[i] = frand() * (i < 32 ? 1e-3f : 4.0f), d0[i] = frand(), w[i] = 0.5f + frand();
+    memcpy(x1, x0, sizeof x0), memcpy(x2, x0, sizeof x0), memcpy(d2, d0, sizeof d0), memcpy(x3, x0, sizeof x0);
+    q3_add_rmsnorm(x1, d0, w, out1, N, 1e-6f);
+    CHECK(q3_mx_fake_quant_row(Q3_MXFP8, out1, N, q1) == 0);
+    q3_add_rmsnorm_mx8(x2, d2, w, out2, d2, N, 1e-6f); /* the copy over delta, as mlp_block does */
+    CHECK(!memcmp(x1, x2, sizeof x1) && !memcmp(out1, out2, sizeof out1) && !memcmp(q1, d2, sizeof q1));
+    q3_rmsnorm(out1, x0, w, N, 1e-6f);
+    CHECK(q3_mx_fake_quant_row(Q3_MXFP8, out1, N, q1) == 0);
+    q3_add_rmsnorm_mx8(x3, NULL, w, NULL, q3, N, 1e-6f);
+    CHECK(!memcmp(x3, x0, sizeof x0) && !memcmp(q1, q3, sizeof q1));
+}
+
 int main(void) {
+    test_add_rmsnorm_mx8();
     test_f16_all_codes();
     test_bf16_rounding();
     test_matmul();
     test_strided();
     test_mx_matmul();
     test_attention();
+    test_attention_tiles();
     test_rmsnorm_softmax_swiglu();
     test_rope_rotate_half();
     UNIT_MAIN_END();

@@ -197,6 +197,18 @@ static void test_validation_rules(void) {
     q3_plan_init(&p);
     p.comm_quant = Q3_COMM_QUANT_MXFP8;
     CHECK(q3_plan_validate(&p, 2, &c48, 0) != 0 && msg_has("comm_quant", "hidden_size % 32 == 0"));
+    /* SP prefill sends each rank's attention output (heads x head_dim) in MXFP8 blocks of 32 */
+    q3_config c16 = c;
+    c16.head_dim = 16;
+    q3_plan_init(&p);
+    p.comm_quant = Q3_COMM_QUANT_MXFP8;
+    p.attn_tp_size = 16;   /* one head of 16 per rank */
+    CHECK(q3_plan_validate(&p, 16, &c16, 0) != 0 &&
+          msg_has("comm_quant", "(num_attention_heads / attn_tp_size * head_dim) % 32 == 0"));
+    q3_plan_init(&p);
+    p.comm_quant = Q3_COMM_QUANT_MXFP8;
+    p.attn_tp_size = 8;    /* two heads of 16: 32 columns */
+    CHECK(q3_plan_validate(&p, 8, &c16, 0) == 0 && p.sp_prefill);
     /* dense layers split over attn_tp */
     q3_config cd = c;
     cd.layer_is_sparse[1] = 0;

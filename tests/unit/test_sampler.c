@@ -374,6 +374,65 @@ static void test_non_finite(void) {
     q3_sampler_free(s);
 }
 
+/* Vocab-parallel sampling: slices' candidates, gathered and picked, give
+ * the token one rank draws from the whole row, draw after draw (same seed,
+ * same history), for greedy and seeded top-k/top-p/min-p/temperature with
+ * the repetition penalty, over tied, NaN and -inf logits and uneven slices. */
+static void test_distributed_matches_one_rank(void) {
+    enum { V = 1000, DRAWS = 300, MAX_L = 4, MAX_K = 32 };
+    const q3_sampler_params sets[] = {
+        params(0.0f, 20, 0.95f, 0.0f, 3),   params(0.8f, 20, 0.9f, 0.05f, 4), params(1.5f, 5, 1.0f, 0.0f, 5),
+        params(0.7f, 1, 0.95f, 0.0f, 6),    params(1.0f, 32, 0.5f, 0.2f, 7),
+    };
+    float *row = malloc(V * sizeof *row), *one = malloc(V * sizeof *one), *part = malloc(V * sizeof *part);
+    q3_sample_cand *all = malloc(MAX_L * MAX_K * sizeof *all);
+    CHECK(row && one && part && all);
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++)
+        for (int L = 1; L <= MAX_L; L++) {
+            q3_sampler_params p = sets[si];
+            p.repeat_penalty = si % 2 ? 1.3f : 1.0f;
+            p.repeat_last_n = 16;
+            q3_sampler *ref = q3_sampler_new(&p, V), *dist = q3_sampler_new(&p, V);
+            const int k = q3_sampler_cands_per_rank(&p, V, V / MAX_L);
+            int same = k > 0;
+            for (int d = 0; same && d < DRAWS; d++) {
+                for (int i = 0; i < V; i++) row[i] = (float)((int)(urand() * 40.0) - 20) * 0.25f; /* many ties */
+                row[(d * 7) % V] = NAN;
+                row[(d * 13 + 1) % V] = -INFINITY;
+                memcpy(one, row, V * sizeof *one);
+                int32_t want = q3_sampler_sample(ref, one);
+                /* uneven slices: rank r holds [r V / L, (r+1) V / L) */
+                memcpy(part, row, V * sizeof *part);
+                for (int r = 0; r < L; r++) {
+                    int lo = r * V / L, hi = (r + 1) * V / L;
+                    q3_sampler_local(dist, part + lo, lo, hi - lo, all + (size_t)r * k, k);
+                }
+                int32_t got = q3_sampler_pick(dist, all, (size_t)k * L);
+                same = got == want;
+                q3_sampler_accept(ref, want);
+                q3_sampler_accept(dist, got);
+            }
+            if (!same) fprintf(stderr, "distributed sampling differs: parameter set %zu, %d slices\n", si, L);
+            CHECK(same);
+            q3_sampler_free(ref);
+            q3_sampler_free(dist);
+        }
+    free(row), free(one), free(part), free(all);
+
+    /* Candidates per rank: 1 greedy, top_k with top-k on, 0 (whole rows)
+     * with top-k off or when k candidates are not smaller than the slice. */
+    q3_sampler_params p = params(0.0f, 0, 1.0f, 0.0f, 1);
+    CHECK_EQ_INT(q3_sampler_cands_per_rank(&p, QWEN_VOCAB, QWEN_VOCAB / 2), 1);
+    p = params(0.6f, 20, 0.95f, 0.0f, 1);
+    CHECK_EQ_INT(q3_sampler_cands_per_rank(&p, QWEN_VOCAB, QWEN_VOCAB / 4), 20);
+    p.top_k = 0;
+    CHECK_EQ_INT(q3_sampler_cands_per_rank(&p, QWEN_VOCAB, QWEN_VOCAB / 4), 0);
+    p.top_k = QWEN_VOCAB;
+    CHECK_EQ_INT(q3_sampler_cands_per_rank(&p, QWEN_VOCAB, QWEN_VOCAB / 4), 0);
+    p.top_k = 500;
+    CHECK_EQ_INT(q3_sampler_cands_per_rank(&p, 1024, 1000), 500 * 8 < 1000 * 4 ? 500 : 0);
+}
+
 int main(void) {
     test_greedy();
     test_top_k_1_is_greedy();
@@ -386,5 +445,6 @@ int main(void) {
     test_repeat_penalty();
     test_bad_params();
     test_non_finite();
+    test_distributed_matches_one_rank();
     UNIT_MAIN_END();
 }

@@ -1,0 +1,322 @@
+/* AVX-512 BF16 kernels for A8 linears (MX weights whose input the model has
+ * quantized to MXFP8, q3_mat.a8).
+ *
+ * Why bf16 is exact here: an MXFP8 activation is an E4M3 value times a
+ * power of two, an MX weight element an E4M3 or E2M1 value; both have at
+ * most 4 significant bits, so they are bf16 numbers, and the product of two
+ * bf16 numbers is exact in fp32. VDPBF16PS therefore computes exactly the
+ * MXFP8 x MX products with fp32 accumulation, two per lane per instruction
+ * (twice the rate of fp32 FMA), straight from 4- or 8-bit weight codes.
+ * The one departure: the instruction treats bf16 subnormal inputs (below
+ * 2^-126, i.e. activation blocks with a scale near 2^-127) as zero.
+ *
+ * Layout: a GEMV step decodes 128 MXFP4 or 64 MXFP8 elements into vectors
+ * of 32 bf16 pairs, in a fixed order (unpack-friendly, not the stored one)
+ * that keeps each 32-block in its own group of dword lanes; a8_prep writes
+ * the activations in the same order, once per matmul pass. The block scales
+ * are applied in fp32, one FMA per step, so no weight is rescaled in bf16. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma")
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "kernels/isa.h"
+#include "quant/mx.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Decode tables: E2M1 nibble -> bf16 (high and low byte), E4M3 magnitude
+ * (7 bits) -> bf16 high and low byte; and the activation orders. */
+static uint8_t g_fp4_hi[16], g_fp4_lo[16];
+static uint8_t g_fp8_hi[128], g_fp8_lo[128];
+static uint16_t g_fp8_perm[64]; /* word w of a 64-group <- element g_fp8_perm[w] */
+static uint16_t g_fp4_perm[32]; /* word p of a block's chunk-ordered copy <- element g_fp4_perm[p] */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+/* unpacklo/hi_epi8 interleave inside 128-bit lanes: the low/high 8 bytes of
+ * each lane of the two decoded byte planes become 8 bf16 words.
+ * MXFP8, 64 elements per step: decoder lane l holds elements 16l .. 16l+15,
+ * so word w (vector w / 32) holds element 16l + 8v + j, l = (w % 32) / 8,
+ * j = w % 8, v = w / 32.
+ * MXFP4, 128 elements (64 bytes, 4 blocks) per step: lane l = block l;
+ * vector 0/1 = low nibbles of bytes 0..7 / 8..15 of the block (its elements
+ * 2j / 16 + 2j), vector 2/3 = high nibbles (2j + 1 / 17 + 2j). */
+static int fp8_elem(int w) { return 16 * ((w % 32) / 8) + 8 * (w / 32) + w % 8; }
+static int fp4_elem_in_block(int v, int j) { return (v & 1) * 16 + 2 * j + (v >> 1); }
+
+static void init_tables(void) {
+    for (int c = 0; c < 16; c++) {
+        const uint16_t b = q3_f32_to_bf16(q3_e2m1_lut[c]);
+        g_fp4_hi[c] = (uint8_t)(b >> 8), g_fp4_lo[c] = (uint8_t)b;
+    }
+    for (int c = 0; c < 128; c++) {
+        const uint16_t b = q3_f32_to_bf16(q3_e4m3_lut[c]); /* exact: <= 4 significant bits; 0x7F is NaN */
+        g_fp8_hi[c] = (uint8_t)(b >> 8), g_fp8_lo[c] = (uint8_t)b;
+    }
+    for (int w = 0; w < 64; w++) g_fp8_perm[w] = (uint16_t)fp8_elem(w);
+    for (int p = 0; p < 32; p++) g_fp4_perm[p] = (uint16_t)fp4_elem_in_block(p / 8, p % 8);
+}
+
+/* 32 floats -> 32 bf16 (cvtne2ps_pbh(a, b) puts b in the low half). */
+INLINE __m512i bf16x32(const float *x) {
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+
+/* x[0..K) -> bf16 in the decoders' order: K a multiple of 64 (MXFP8) or
+ * 128 (MXFP4). */
+static void a8_prep(uint16_t *xb, const float *x, int K, q3_dtype wt) {
+    pthread_once(&g_once, init_tables);
+    if (wt == Q3_MXFP4) {
+        /* Each block to chunk order (vectors 0..3 of the decoder, 8 words
+         * each), then a 4x4 transpose of 128-bit chunks: vector v of a step
+         * takes chunk v of its 4 blocks. */
+        const __m512i P = _mm512_loadu_si512(g_fp4_perm);
+        for (int k = 0; k < K; k += 128) {
+            __m512i B[4];
+            for (int l = 0; l < 4; l++) B[l] = _mm512_permutexvar_epi16(P, bf16x32(x + k + 32 * l));
+            const __m512i t0 = _mm512_shuffle_i64x2(B[0], B[1], _MM_SHUFFLE(1, 0, 1, 0));
+            const __m512i t1 = _mm512_shuffle_i64x2(B[0], B[1], _MM_SHUFFLE(3, 2, 3, 2));
+            const __m512i t2 = _mm512_shuffle_i64x2(B[2], B[3], _MM_SHUFFLE(1, 0, 1, 0));
+            const __m512i t3 = _mm512_shuffle_i64x2(B[2], B[3], _MM_SHUFFLE(3, 2, 3, 2));
+            _mm512_storeu_si512(xb + k, _mm512_shuffle_i64x2(t0, t2, _MM_SHUFFLE(2, 0, 2, 0)));
+            _mm512_storeu_si512(xb + k + 32, _mm512_shuffle_i64x2(t0, t2, _MM_SHUFFLE(3, 1, 3, 1)));
+            _mm512_storeu_si512(xb + k + 64, _mm512_shuffle_i64x2(t1, t3, _MM_SHUFFLE(2, 0, 2, 0)));
+            _mm512_storeu_si512(xb + k + 96, _mm512_shuffle_i64x2(t1, t3, _MM_SHUFFLE(3, 1, 3, 1)));
+        }
+        return;
+    }
+    const __m512i i0 = _mm512_loadu_si512(g_fp8_perm), i1 = _mm512_loadu_si512(g_fp8_perm + 32);
+    for (int k = 0; k < K; k += 64) {
+        const __m512i n0 = bf16x32(x + k), n1 = bf16x32(x + k + 32);
+        _mm512_storeu_si512(xb + k, _mm512_permutex2var_epi16(n0, i0, n1));
+        _mm512_storeu_si512(xb + k + 32, _mm512_permutex2var_epi16(n0, i1, n1));
+    }
+}
+
+/* Sixteen E8M0 codes -> 2^(c-127) as fp32 (code 0 is the subnormal 2^-127,
+ * 0xFF NaN), exactly as q3_e8m0_to_f32. */
+INLINE __m512 e8m0x16(const uint8_t *p) {
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512 v = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(127))));
+    return _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xFF)), _mm512_set1_ps(NAN));
+}
+
+/* 128 E2M1 codes (64 bytes, 4 blocks) -> four vectors of 32 bf16 in the
+ * a8_prep order. */
+INLINE void fp4x128(const uint8_t *p, __m512i lut_hi, __m512i lut_lo, __m512i w[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), b = _mm512_loadu_si512(p);
+    const __m512i lo = _mm512_and_si512(b, m4), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+    const __m512i hl = _mm512_shuffle_epi8(lut_hi, lo), ll = _mm512_shuffle_epi8(lut_lo, lo);
+    const __m512i hh = _mm512_shuffle_epi8(lut_hi, hi), lh = _mm512_shuffle_epi8(lut_lo, hi);
+    w[0] = _mm512_unpacklo_epi8(ll, hl), w[1] = _mm512_unpackhi_epi8(ll, hl);
+    w[2] = _mm512_unpacklo_epi8(lh, hh), w[3] = _mm512_unpackhi_epi8(lh, hh);
+}
+
+/* 64 E4M3 codes -> two vectors of 32 bf16 in elem_of_word order. The
+ * 128-entry lookups ignore bit 7 of the code, the sign, put back after. */
+INLINE void fp8x64(const uint8_t *p, const __m512i t[4], __m512i *w0, __m512i *w1) {
+    const __m512i b = _mm512_loadu_si512(p);
+    const __m512i h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t[0], b, t[1]), b, _mm512_set1_epi8((char)0x80),
+                                                0xF8); /* h | (b & 0x80) */
+    const __m512i l = _mm512_permutex2var_epi8(t[2], b, t[3]);
+    *w0 = _mm512_unpacklo_epi8(l, h);
+    *w1 = _mm512_unpackhi_epi8(l, h);
+}
+
+/* Lanes 16/n * i .. 16/n * (i+1) - 1 get s16[n*j + i] (n = 2 or 4 blocks per step). */
+INLINE __m512 step_scale(__m512 s16, int n, int j) {
+    __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), n == 4 ? 2 : 3);
+    return _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(n * j)), s16);
+}
+
+/* The scales of the next min(n, 16) blocks (missing ones read as code 0). */
+INLINE __m512 scales16(const uint8_t *sc, int n) {
+    if (n >= 16) return e8m0x16(sc);
+    uint8_t tail[16] = {0};
+    for (int i = 0; i < n; i++) tail[i] = sc[i];
+    return e8m0x16(tail);
+}
+
+/* MXFP4 row: 128 elements (4 blocks) per step. */
+INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, const uint16_t *xb, int nb, __m512i lut_hi, __m512i lut_lo) {
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int b = 0; b < nb; b += 16) {
+        const __m512 s16 = scales16(sc + b, nb - b);
+        const int steps = nb - b < 16 ? (nb - b) / 4 : 4;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            if (j >= steps) break;
+            const uint16_t *xs = xb + (size_t)(b + 4 * j) * 32;
+            __m512i w[4];
+            fp4x128(el + (size_t)(b + 4 * j) * 16, lut_hi, lut_lo, w);
+            __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w[0], (__m512bh)_mm512_loadu_si512(xs));
+            d = _mm512_dpbf16_ps(d, (__m512bh)w[1], (__m512bh)_mm512_loadu_si512(xs + 32));
+            d = _mm512_dpbf16_ps(d, (__m512bh)w[2], (__m512bh)_mm512_loadu_si512(xs + 64));
+            d = _mm512_dpbf16_ps(d, (__m512bh)w[3], (__m512bh)_mm512_loadu_si512(xs + 96));
+            acc[j & 1] = _mm512_fmadd_ps(d, step_scale(s16, 4, j), acc[j & 1]);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+
+/* MXFP8 row: 64 elements (2 blocks) per step. */
+INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, const uint16_t *xb, int nb, const __m512i t8[4]) {
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int b = 0; b < nb; b += 16) {
+        const __m512 s16 = scales16(sc + b, nb - b);
+        const int steps = nb - b < 16 ? (nb - b) / 2 : 8;
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            if (j >= steps) break;
+            const uint16_t *xs = xb + (size_t)(b + 2 * j) * 32;
+            __m512i w0, w1;
+            fp8x64(el + (size_t)(b + 2 * j) * 32, t8, &w0, &w1);
+            __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w0, (__m512bh)_mm512_loadu_si512(xs));
+            d = _mm512_dpbf16_ps(d, (__m512bh)w1, (__m512bh)_mm512_loadu_si512(xs + 32));
+            acc[j & 1] = _mm512_fmadd_ps(d, step_scale(s16, 2, j), acc[j & 1]);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+
+static void gemv_a8(float *out, const uint16_t *xb, const q3_mat *W, int r0, int r1) {
+    pthread_once(&g_once, init_tables);
+    const int K = W->cols, nb = K / 32;
+    if (W->dtype == Q3_MXFP4) {
+        const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_fp4_hi));
+        const __m512i lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_fp4_lo));
+        for (int r = r0; r < r1; r++)
+            out[r - r0] = row_fp4((const uint8_t *)W->data + (size_t)r * (K / 2), W->scales + (size_t)r * nb, xb, nb, lut_hi,
+                                  lut_lo);
+        return;
+    }
+    const __m512i t8[4] = {_mm512_loadu_si512(g_fp8_hi), _mm512_loadu_si512(g_fp8_hi + 64), _mm512_loadu_si512(g_fp8_lo),
+                           _mm512_loadu_si512(g_fp8_lo + 64)};
+    for (int r = r0; r < r1; r++)
+        out[r - r0] = row_fp8((const uint8_t *)W->data + (size_t)r * K, W->scales + (size_t)r * nb, xb, nb, t8);
+}
+
+/* ---- A8 GEMM: tokens in vector lanes, weight pairs broadcast ----
+ * Each weight row is decoded once per panel into bf16 with its block scale
+ * folded in (an exponent add on the nonzero elements: exact while the
+ * result stays a normal bf16, which the scale range check guarantees), so
+ * the inner loop is one broadcast and TB dot products per weight pair. */
+
+static void a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *row) {
+    const int TP = (T + 15) & ~15, np = K / 2;
+    const uint32_t *r32 = (const uint32_t *)row;
+    for (int t = 0; t < TP; t++) {
+        if (t < T) a8_prep(row, x + (size_t)t * ldx, K, wt);
+        for (int i = 0; i < np; i++) ap[(size_t)i * TP + t] = t < T ? r32[i] : 0;
+    }
+}
+
+/* Scale codes whose folded elements stay normal bf16 numbers: E2M1 values
+ * have exponents 2^-1 .. 2^2, E4M3 values 2^-9 .. 2^8. */
+static int scales_foldable(const q3_mat *W, int r0, int r1) {
+    const int fp4 = W->dtype == Q3_MXFP4, lo = fp4 ? 2 : 10, hi = fp4 ? 252 : 246;
+    const size_t nb = (size_t)W->cols / 32;
+    for (size_t i = (size_t)r0 * nb; i < (size_t)r1 * nb; i++)
+        if (W->scales[i] < lo || W->scales[i] > hi) return 0;
+    return 1;
+}
+
+/* Exponent increments for a step's blocks: 128-bit lane l of the result
+ * holds (code[l * n / 4] - 127) << 7 in every 16-bit word (n = blocks per step). */
+INLINE __m512i fold_add(const uint8_t *codes, int n) {
+    const __m128i c = n == 4 ? _mm_cvtsi32_si128(*(const int32_t *)(const void *)codes)
+                             : _mm_cvtsi32_si128(codes[0] | codes[1] << 8);
+    __m128i e = _mm_slli_epi32(_mm_sub_epi32(_mm_cvtepu8_epi32(c), _mm_set1_epi32(127)), 7);
+    e = _mm_and_si128(e, _mm_set1_epi32(0xffff));
+    e = _mm_or_si128(e, _mm_slli_epi32(e, 16));
+    const __m512i idx = n == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                               : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_epi32(idx, _mm512_castsi128_si512(e));
+}
+
+INLINE __m512i fold(__m512i w, __m512i add) {
+    return _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x7fff)), w, add);
+}
+
+/* Row r of W as K scaled bf16 words in a8_prep order. */
+static void decode_row(uint16_t *dst, const q3_mat *W, int r) {
+    const int K = W->cols, nb = K / 32;
+    const uint8_t *sc = W->scales + (size_t)r * nb;
+    if (W->dtype == Q3_MXFP4) {
+        const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_fp4_hi));
+        const __m512i lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_fp4_lo));
+        const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (K / 2);
+        for (int b = 0; b < nb; b += 4) {
+            __m512i w[4];
+            fp4x128(el + (size_t)b * 16, lut_hi, lut_lo, w);
+            const __m512i add = fold_add(sc + b, 4);
+            for (int v = 0; v < 4; v++) _mm512_storeu_si512(dst + (size_t)b * 32 + 32 * v, fold(w[v], add));
+        }
+        return;
+    }
+    const __m512i t8[4] = {_mm512_loadu_si512(g_fp8_hi), _mm512_loadu_si512(g_fp8_hi + 64), _mm512_loadu_si512(g_fp8_lo),
+                           _mm512_loadu_si512(g_fp8_lo + 64)};
+    const uint8_t *el = (const uint8_t *)W->data + (size_t)r * K;
+    for (int b = 0; b < nb; b += 2) {
+        __m512i w0, w1;
+        fp8x64(el + (size_t)b * 32, t8, &w0, &w1);
+        const __m512i add = fold_add(sc + b, 2);
+        _mm512_storeu_si512(dst + (size_t)b * 32, fold(w0, add));
+        _mm512_storeu_si512(dst + (size_t)b * 32 + 32, fold(w1, add));
+    }
+}
+
+/* out[t][r] for r < R (<= 8), t < T, from 8 decoded rows wb[r * K ..]. */
+INLINE void tile8(float *out, size_t ldo, const uint32_t *ap, int T, int K, const uint16_t *wb, int R, int TB) {
+    const int TP = 16 * TB, np = K / 2;
+    const uint32_t *w32 = (const uint32_t *)wb;
+    __m512 acc[8][3];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++)
+#pragma GCC unroll 3
+        for (int tb = 0; tb < 3; tb++) acc[r][tb] = _mm512_setzero_ps();
+    for (int i = 0; i < np; i++) {
+        __m512bh a[3];
+#pragma GCC unroll 3
+        for (int tb = 0; tb < 3; tb++)
+            if (tb < TB) a[tb] = (__m512bh)_mm512_loadu_si512(ap + (size_t)i * TP + 16 * tb);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m512bh w = (__m512bh)_mm512_set1_epi32((int)w32[(size_t)r * np + i]);
+#pragma GCC unroll 3
+            for (int tb = 0; tb < 3; tb++)
+                if (tb < TB) acc[r][tb] = _mm512_dpbf16_ps(acc[r][tb], w, a[tb]);
+        }
+    }
+    float lanes[16];
+    for (int r = 0; r < R; r++)
+        for (int tb = 0; tb < TB; tb++) {
+            _mm512_storeu_ps(lanes, acc[r][tb]);
+            for (int j = 0; j < 16 && 16 * tb + j < T; j++) out[(size_t)(16 * tb + j) * ldo + r] = lanes[j];
+        }
+}
+
+static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
+    pthread_once(&g_once, init_tables);
+    if (!scales_foldable(W, r0, r1)) return 0;
+    const int K = W->cols, TB = (T + 15) / 16;
+    for (int rg = r0; rg < r1; rg += 8) {
+        const int R = r1 - rg < 8 ? r1 - rg : 8;
+        for (int r = 0; r < 8; r++) /* rows past R repeat the last one; their results are dropped */
+            decode_row(wbuf + (size_t)r * K, W, rg + (r < R ? r : R - 1));
+        if (TB == 1) tile8(out + (rg - r0), ldo, ap, T, K, wbuf, R, 1);
+        else if (TB == 2) tile8(out + (rg - r0), ldo, ap, T, K, wbuf, R, 2);
+        else tile8(out + (rg - r0), ldo, ap, T, K, wbuf, R, 3);
+    }
+    return 1;
+}
+
+void q3_avx512bf16_a8_kernels(q3_isa_kernels *k) {
+    k->a8_prep = a8_prep;
+    k->gemv_a8 = gemv_a8;
+    k->a8_pack_act = a8_pack_act;
+    k->gemm_a8 = gemm_a8;
+}
+#pragma GCC pop_options
