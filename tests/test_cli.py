@@ -266,6 +266,17 @@ def test_generate_chat_prompt_tokens(model, args, text):
     assert st["prompt"] == len(tokenize(model, text))
 
 
+def test_generate_mlock(model):
+    """--mlock gives the same greedy text, or (where the locked-memory limit forbids it) a clear
+    error naming the option and the file, never a crash."""
+    p = run(["generate", "-m", model, *T1, "-p", "hi there", "-n", "4", "--temp", "0", "--mlock"])
+    if p.returncode == 0:
+        assert p.stdout == generate(model, "-p", "hi there", "-n", "4", "--temp", "0")[0]
+    else:
+        err = p.stderr.decode(errors="replace")
+        assert p.returncode == 1 and "--mlock" in err and "ulimit -l" in err, shown(p)
+
+
 def test_generate_chat_wraps_the_prompt(model):
     """--chat gives exactly the continuation of the wrapped prompt."""
     text = chat_turn("hi there", "S", think=False)

@@ -54,6 +54,7 @@ static void usage(FILE *f) {
             "  --no-membw        skip the memory bandwidth test (no %% of bandwidth reported)\n"
             "  --membw-mb MB     bandwidth test buffer size in MiB (default 1024)\n"
             "  --no-ttft         skip the time-to-first-token runs\n"
+            "  --mlock           lock the model's files in RAM (never paged out; needs ulimit -l)\n"
             "  --ttft-p N        prompt length of the time-to-first-token runs (default: the\n"
             "                    first -p length, or 128)\n"
             "  --temp T          sampling temperature of every prefill and decode step (default 0.6,\n"
@@ -234,6 +235,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--membw")) membw_flag = 1;
         else if (!strcmp(a, "--no-membw")) no_membw = 1;
         else if (!strcmp(a, "--no-ttft")) no_ttft = 1;
+        else if (!strcmp(a, "--mlock")) q3_mlock_set(1);
         else if (!strcmp(a, "-m") || !strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-r") || !strcmp(a, "-t") ||
                  !strcmp(a, "--depth") || !strcmp(a, "--ctx") || !strcmp(a, "--json") || !strcmp(a, "--membw-mb") ||
                  !strcmp(a, "--ttft-p") || !strcmp(a, "--quant") || !strcmp(a, "--temp") || !strcmp(a, "--top-k")) {

@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "quant/cache.h"
 #include "util/error.h"
+#include "util/file.h"
 
 /* The resolved model path (a global so it stays reachable until exit). */
 static char *g_model_path;
@@ -33,12 +34,17 @@ void common_opts_help(FILE *f) {
                "  --top-p P            nucleus sampling mass, 1 = off (default 0.95)\n"
                "  --min-p P            drop tokens below P x the top probability, 0 = off (default 0)\n"
                "  --repeat-penalty R   penalty for the last 64 tokens, 1 = off (default 1)\n"
-               "  --seed S             RNG seed (default: from the clock)\n");
+               "  --seed S             RNG seed (default: from the clock)\n"
+               "  --mlock              lock the model's files in RAM (never paged out; needs ulimit -l)\n");
 }
 
 int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
     static const char *opts[] = {"-m", "--ctx", "-t", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--quant"};
     const char *a = argv[*i];
+    if (!strcmp(a, "--mlock")) {
+        q3_mlock_set(1);
+        return 1;
+    }
     size_t k = 0;
     while (k < sizeof opts / sizeof opts[0] && strcmp(a, opts[k])) k++;
     if (k == sizeof opts / sizeof opts[0]) return 0;

@@ -11,6 +11,10 @@
 
 #include "util/error.h"
 
+static int g_mlock = 0;
+
+void q3_mlock_set(int on) { g_mlock = on; }
+
 int q3_map_file(q3_mapped_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY);
@@ -32,6 +36,14 @@ int q3_map_file(q3_mapped_file *f, const char *path) {
             int e = errno;
             close(fd);
             return q3_err("cannot mmap %s: %s", path, strerror(e));
+        }
+        if (g_mlock && mlock(p, f->size) != 0) {
+            int e = errno;
+            munmap(p, f->size);
+            close(fd);
+            return q3_err("--mlock: cannot lock %s (%.2f GB) in memory: %s (raise the locked-memory limit, ulimit -l, "
+                          "or run without --mlock)",
+                          path, f->size / 1e9, strerror(e));
         }
         f->data = p;
     }

@@ -12,6 +12,10 @@ typedef struct {
 
 /* mmap a whole file read-only. On failure returns -1 with q3_err set. */
 int q3_map_file(q3_mapped_file *f, const char *path);
+/* Lock every file mapped from now on in RAM (mlock, which also reads it in),
+ * so the kernel never pages model weights out under memory pressure; a file
+ * that cannot be locked is then an error of q3_map_file. */
+void q3_mlock_set(int on);
 void q3_unmap_file(q3_mapped_file *f);
 /* Map every page of the file now (from the page cache, reading what is
  * missing) so that later accesses take no page faults. Best effort. */
