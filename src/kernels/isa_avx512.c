@@ -1,7 +1,8 @@
 /* AVX-512F kernels: 16-lane GEMV for plain dtypes and a 14x16 GEMM tile
  * (one zmm per token row, 14 accumulators), and 64-row prefill attention
- * tiles. MX weights, packing and the attention vector primitives reuse the
- * AVX2 versions. */
+ * tiles. Few-token products go to gemm_bc_avx512.c; MX weights, packing,
+ * the rare few-token shapes it does not take and the attention vector
+ * primitives reuse the AVX2 versions. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #include <immintrin.h>
@@ -120,53 +121,10 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     }
 }
 
-/* Few tokens: 2 weight rows x TB tokens of accumulators; each weight vector
- * is widened once and used for TB tokens. Every (row, token) result is a
- * 16-lane accumulation over k in order, then one reduction, whatever TB. */
-INLINE void small_block(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, int TB,
-                        q3_dtype dt) {
-    const int K = W->cols;
-    const size_t rs = W->rs ? W->rs : (size_t)K;
-    __m512 acc[2][12];
-#pragma GCC unroll 12
-    for (int t = 0; t < 12; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k += 16) {
-        const __m512 w0 = load16(W->data, (size_t)r * rs + k, dt), w1 = load16(W->data, (size_t)(r + 1) * rs + k, dt);
-#pragma GCC unroll 12
-        for (int t = 0; t < 12; t++) {
-            if (t < TB) {
-                const __m512 xv = _mm512_loadu_ps(x + (size_t)(t0 + t) * ldx + k);
-                acc[0][t] = _mm512_fmadd_ps(w0, xv, acc[0][t]);
-                acc[1][t] = _mm512_fmadd_ps(w1, xv, acc[1][t]);
-            }
-        }
-    }
-#pragma GCC unroll 12
-    for (int t = 0; t < 12; t++)
-        if (t < TB) {
-            out[(size_t)(t0 + t) * ldo + r] = _mm512_reduce_add_ps(acc[0][t]);
-            out[(size_t)(t0 + t) * ldo + r + 1] = _mm512_reduce_add_ps(acc[1][t]);
-        }
-}
-
-INLINE void small_t(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1, q3_dtype dt) {
-    for (int r = r0; r < r1; r += 2)
-        for (int t0 = 0; t0 < T; t0 += 12) {
-            const int tb = T - t0 < 12 ? T - t0 : 12;
-            if (tb == 12) small_block(out, ldo, x, ldx, W, r, t0, 12, dt);
-            else if (tb >= 8) small_block(out, ldo, x, ldx, W, r, t0, tb, dt);
-            else if (tb >= 4) small_block(out, ldo, x, ldx, W, r, t0, tb, dt);
-            else small_block(out, ldo, x, ldx, W, r, t0, tb, dt);
-        }
-}
-
+/* Few tokens (T <= 16) with K beyond the tokens-in-lanes GEMM's limit (Q3_LANE_KMAX, which
+ * takes every other few-token product here): the AVX2 kernel, no packing. */
 static void gemm_small(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1) {
-    switch (W->dtype) {
-    case Q3_BF16: small_t(out, ldo, x, ldx, T, W, r0, r1, Q3_BF16); break;
-    case Q3_F16: small_t(out, ldo, x, ldx, T, W, r0, r1, Q3_F16); break;
-    case Q3_F32: small_t(out, ldo, x, ldx, T, W, r0, r1, Q3_F32); break;
-    default: break;
-    }
+    q3_kernels_avx2.gemm_small(out, ldo, x, ldx, T, W, r0, r1);
 }
 
 /* Full 14-row tile, accumulators in named registers. */

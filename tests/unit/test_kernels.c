@@ -99,6 +99,7 @@ static void test_matmul(void) {
         check_matmul(Q3_BF16, 100, 50, 256);  /* tokens-in-lanes kernels: several passes of 48 */
         check_matmul(Q3_F32, 49, 21, 96);
         check_matmul(Q3_F16, 33, 9, 160);
+        check_matmul(Q3_BF16, 5, 10, 8448); /* K past the tokens-in-lanes limit: few-token kernel */
     }
     q3_kernels_force(Q3_ISA_COUNT - 1);
 }
