@@ -37,7 +37,7 @@ UNIT_SAN := $(UNIT_SRC:tests/unit/%.c=build/asan/tests/%)
 
 DEPS_STAMP := build/.deps-ok
 
-.PHONY: all asan deps test unit demo clean help
+.PHONY: all asan bench deps test unit demo clean help
 # The entry points install dependencies first, then build in a fresh make
 # so that what set-up installed (e.g. OpenMPI for the comm backend) is seen.
 all: $(DEPS_STAMP)
@@ -47,6 +47,7 @@ help:
 	@echo "make        build build/q3moe (installs missing dependencies first)"
 	@echo "make demo   make the default demo checkpoint and stream a generation"
 	@echo "make test   run the whole test suite (unit tests, ASan+UBSan, reference tests)"
+	@echo "make bench  build build/kernel_bench, the kernel micro-benchmark"
 	@echo "make clean  remove build/"
 
 # Dependencies (apt packages, npm tokenizer package) are checked once and
@@ -84,6 +85,13 @@ build/obj/src/parallel/comm.o build/asan/obj/src/parallel/comm.o: $(COMM_STAMP)
 build/tests-mpi/comm_check: tests/mpi/comm_check.c $(LIB_REL)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -o $@ $< $(LIB_REL) $(LDLIBS)
+
+# Kernel micro-benchmark (bench/kernel_bench.c): `make bench`.
+build/kernel_bench: bench/kernel_bench.c $(LIB_REL)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -o $@ $< $(LIB_REL) $(LDLIBS)
+
+bench: build/kernel_bench
 
 asan: build/asan/q3moe $(UNIT_SAN)
 unit: $(UNIT_REL) $(UNIT_SAN)

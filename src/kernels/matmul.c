@@ -4,6 +4,7 @@
  * token tile). */
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,23 +196,23 @@ static void run_panel(const q3_mm_job *jb, int r0) {
     }
 }
 
-static inline double panel_cost(const q3_mm_job *jb, int r0) {
-    int nr = jb->W->rows - r0 < Q3_NR ? jb->W->rows - r0 : Q3_NR;
-    return (double)nr * jb->W->cols * (jb->T + 1);
-}
+static inline int panels_of(const q3_mm_job *jb) { return jb->T > 0 ? (jb->W->rows + Q3_NR - 1) / Q3_NR : 0; }
 
-/* Each thread walks the same panel sequence and takes the panels whose cost
- * midpoint falls in its share: a static, allocation-free partition. */
-static void run_share(const q3_mm_job *jobs, int n, double total, int id, int nt) {
-    const double lo = total * id / nt, hi = total * (id + 1) / nt;
-    double acc = 0;
-    for (int j = 0; j < n; j++) {
-        if (jobs[j].T <= 0) continue;
-        for (int r0 = 0; r0 < jobs[j].W->rows; r0 += Q3_NR) {
-            double c = panel_cost(&jobs[j], r0), mid = acc + c / 2;
-            acc += c;
-            if (mid >= lo && mid < hi) run_panel(&jobs[j], r0);
-            else if (mid >= hi) return;
+/* Threads take chunks of consecutive panels from a shared counter, so a
+ * thread slowed by the memory system or by the other tenant of its core
+ * takes fewer chunks instead of holding everyone at the join. Each output
+ * row is still computed by one thread with the same kernel, so results do
+ * not depend on the schedule. Chunk indices only grow, so each thread walks
+ * the jobs forward with a cursor. */
+static void run_chunks(const q3_mm_job *jobs, int npanels, int chunk, atomic_int *next) {
+    int j = 0, base = 0;
+    for (;;) {
+        const int p0 = atomic_fetch_add_explicit(next, chunk, memory_order_relaxed);
+        if (p0 >= npanels) return;
+        const int p1 = p0 + chunk < npanels ? p0 + chunk : npanels;
+        for (int p = p0; p < p1; p++) {
+            while (p >= base + panels_of(&jobs[j])) base += panels_of(&jobs[j]), j++;
+            run_panel(&jobs[j], (p - base) * Q3_NR);
         }
     }
 }
@@ -250,16 +251,24 @@ void q3_matmul_jobs(const q3_mm_job *jobs, int n) {
 static void run_pass(const q3_mm_job *jobs, int n) {
     g_pass++;
     double total = 0;
-    for (int j = 0; j < n; j++)
+    int npanels = 0;
+    for (int j = 0; j < n; j++) {
         if (jobs[j].T > 0) total += (double)jobs[j].W->rows * jobs[j].W->cols * (jobs[j].T + 1);
-    if (total <= 0) return;
+        npanels += panels_of(&jobs[j]);
+    }
+    if (npanels == 0) return;
     /* Small products are not worth waking the other threads for. */
-    if (total < 65536.0 || omp_get_max_threads() == 1) {
-        run_share(jobs, n, total, 0, 1);
+    const int nt = omp_get_max_threads();
+    atomic_int next = 0;
+    if (total < 65536.0 || nt == 1) {
+        run_chunks(jobs, npanels, npanels, &next);
         return;
     }
+    /* About 32 chunks per thread: the tail a thread can be left alone with
+     * is 1/32 of its share, and the shared counter is touched rarely. */
+    const int chunk = npanels / (32 * nt) > 1 ? npanels / (32 * nt) : 1;
 #pragma omp parallel
-    run_share(jobs, n, total, omp_get_thread_num(), omp_get_num_threads());
+    run_chunks(jobs, npanels, chunk, &next);
 }
 
 void q3_matmul(float *out, const float *x, int T, const q3_mat *W) {
