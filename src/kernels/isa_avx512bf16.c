@@ -32,12 +32,13 @@
 enum { PF_BYTES = 4096, PF_ROWS = 4 };
 #define INLINE static inline __attribute__((always_inline))
 
-/* Decode tables: E2M1 nibble -> bf16 (high and low byte), E4M3 magnitude
- * (7 bits) -> bf16 high and low byte; and the activation orders. */
-static uint8_t g_fp4_hi[16], g_fp4_lo[16];
+/* Decode tables: E2M1 code -> bf16 word (32 entries, the 16 codes twice:
+ * VPERMW reads 5 index bits), E4M3 magnitude (7 bits) -> bf16 high and low
+ * byte; and the activation orders. */
+static uint16_t g_fp4_w[32];
 static uint8_t g_fp8_hi[128], g_fp8_lo[128];
 static uint16_t g_fp8_perm[64]; /* word w of a 64-group <- element g_fp8_perm[w] */
-static uint16_t g_fp4_perm[32]; /* word p of a block's chunk-ordered copy <- element g_fp4_perm[p] */
+static uint16_t g_fp4_perm[4][32]; /* word j of vector i of a 128-step <- element (4j + i) mod 64 */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 /* unpacklo/hi_epi8 interleave inside 128-bit lanes: the low/high 8 bytes of
@@ -45,23 +46,22 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
  * MXFP8, 64 elements per step: decoder lane l holds elements 16l .. 16l+15,
  * so word w (vector w / 32) holds element 16l + 8v + j, l = (w % 32) / 8,
  * j = w % 8, v = w / 32.
- * MXFP4, 128 elements (64 bytes, 4 blocks) per step: lane l = block l;
- * vector 0/1 = low nibbles of bytes 0..7 / 8..15 of the block (its elements
- * 2j / 16 + 2j), vector 2/3 = high nibbles (2j + 1 / 17 + 2j). */
+ * MXFP4, 128 elements (64 bytes, 4 blocks) per step: word j of the loaded
+ * bytes holds the codes of elements 4j .. 4j+3 (low nibble first); vector i
+ * is that word shifted right by 4i and looked up by VPERMW, so its word j is
+ * element 4j + i. Block l stays in 128-bit lane l (words 8l .. 8l+7). Four
+ * shuffles per 64 bytes, half of what byte lookups and unpacks take. */
 static int fp8_elem(int w) { return 16 * ((w % 32) / 8) + 8 * (w / 32) + w % 8; }
-static int fp4_elem_in_block(int v, int j) { return (v & 1) * 16 + 2 * j + (v >> 1); }
 
 static void init_tables(void) {
-    for (int c = 0; c < 16; c++) {
-        const uint16_t b = q3_f32_to_bf16(q3_e2m1_lut[c]);
-        g_fp4_hi[c] = (uint8_t)(b >> 8), g_fp4_lo[c] = (uint8_t)b;
-    }
+    for (int c = 0; c < 32; c++) g_fp4_w[c] = q3_f32_to_bf16(q3_e2m1_lut[c & 15]);
     for (int c = 0; c < 128; c++) {
         const uint16_t b = q3_f32_to_bf16(q3_e4m3_lut[c]); /* exact: <= 4 significant bits; 0x7F is NaN */
         g_fp8_hi[c] = (uint8_t)(b >> 8), g_fp8_lo[c] = (uint8_t)b;
     }
     for (int w = 0; w < 64; w++) g_fp8_perm[w] = (uint16_t)fp8_elem(w);
-    for (int p = 0; p < 32; p++) g_fp4_perm[p] = (uint16_t)fp4_elem_in_block(p / 8, p % 8);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 32; j++) g_fp4_perm[i][j] = (uint16_t)((4 * j + i) % 64);
 }
 
 /* 32 floats -> 32 bf16 (cvtne2ps_pbh(a, b) puts b in the low half). */
@@ -74,21 +74,16 @@ INLINE __m512i bf16x32(const float *x) {
 static void a8_prep(uint16_t *xb, const float *x, int K, q3_dtype wt) {
     pthread_once(&g_once, init_tables);
     if (wt == Q3_MXFP4) {
-        /* Each block to chunk order (vectors 0..3 of the decoder, 8 words
-         * each), then a 4x4 transpose of 128-bit chunks: vector v of a step
-         * takes chunk v of its 4 blocks. */
-        const __m512i P = _mm512_loadu_si512(g_fp4_perm);
+        /* Vector i word j <- element 4j + i: words 0..15 come from the
+         * step's first 64 elements, words 16..31 from the last 64. */
         for (int k = 0; k < K; k += 128) {
-            __m512i B[4];
-            for (int l = 0; l < 4; l++) B[l] = _mm512_permutexvar_epi16(P, bf16x32(x + k + 32 * l));
-            const __m512i t0 = _mm512_shuffle_i64x2(B[0], B[1], _MM_SHUFFLE(1, 0, 1, 0));
-            const __m512i t1 = _mm512_shuffle_i64x2(B[0], B[1], _MM_SHUFFLE(3, 2, 3, 2));
-            const __m512i t2 = _mm512_shuffle_i64x2(B[2], B[3], _MM_SHUFFLE(1, 0, 1, 0));
-            const __m512i t3 = _mm512_shuffle_i64x2(B[2], B[3], _MM_SHUFFLE(3, 2, 3, 2));
-            _mm512_storeu_si512(xb + k, _mm512_shuffle_i64x2(t0, t2, _MM_SHUFFLE(2, 0, 2, 0)));
-            _mm512_storeu_si512(xb + k + 32, _mm512_shuffle_i64x2(t0, t2, _MM_SHUFFLE(3, 1, 3, 1)));
-            _mm512_storeu_si512(xb + k + 64, _mm512_shuffle_i64x2(t1, t3, _MM_SHUFFLE(2, 0, 2, 0)));
-            _mm512_storeu_si512(xb + k + 96, _mm512_shuffle_i64x2(t1, t3, _MM_SHUFFLE(3, 1, 3, 1)));
+            const __m512i n0 = bf16x32(x + k), n1 = bf16x32(x + k + 32), n2 = bf16x32(x + k + 64),
+                          n3 = bf16x32(x + k + 96);
+            for (int i = 0; i < 4; i++) {
+                const __m512i P = _mm512_loadu_si512(g_fp4_perm[i]);
+                _mm512_storeu_si512(xb + k + 32 * i, _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_permutex2var_epi16(n0, P, n1),
+                                                                             _mm512_permutex2var_epi16(n2, P, n3)));
+            }
         }
         return;
     }
@@ -110,13 +105,12 @@ INLINE __m512 e8m0x16(const uint8_t *p) {
 
 /* 128 E2M1 codes (64 bytes, 4 blocks) -> four vectors of 32 bf16 in the
  * a8_prep order. */
-INLINE void fp4x128(const uint8_t *p, __m512i lut_hi, __m512i lut_lo, __m512i w[4]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), b = _mm512_loadu_si512(p);
-    const __m512i lo = _mm512_and_si512(b, m4), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
-    const __m512i hl = _mm512_shuffle_epi8(lut_hi, lo), ll = _mm512_shuffle_epi8(lut_lo, lo);
-    const __m512i hh = _mm512_shuffle_epi8(lut_hi, hi), lh = _mm512_shuffle_epi8(lut_lo, hi);
-    w[0] = _mm512_unpacklo_epi8(ll, hl), w[1] = _mm512_unpackhi_epi8(ll, hl);
-    w[2] = _mm512_unpacklo_epi8(lh, hh), w[3] = _mm512_unpackhi_epi8(lh, hh);
+INLINE void fp4x128(const uint8_t *p, __m512i lut, __m512i w[4]) {
+    const __m512i b = _mm512_loadu_si512(p);
+    w[0] = _mm512_permutexvar_epi16(b, lut);
+    w[1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), lut);
+    w[2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 8), lut);
+    w[3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 12), lut);
 }
 
 /* 64 E4M3 codes -> two vectors of 32 bf16 in elem_of_word order. The
@@ -145,7 +139,7 @@ INLINE __m512 scales16(const uint8_t *sc, int n) {
 }
 
 /* MXFP4 row: 128 elements (4 blocks) per step. */
-INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, const uint16_t *xb, int nb, __m512i lut_hi, __m512i lut_lo) {
+INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, const uint16_t *xb, int nb, __m512i lut) {
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int b = 0; b < nb; b += 16) {
         const __m512 s16 = scales16(sc + b, nb - b);
@@ -156,7 +150,7 @@ INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, const uint16_t *xb, i
             const uint16_t *xs = xb + (size_t)(b + 4 * j) * 32;
             __m512i w[4];
             _mm_prefetch((const char *)el + (size_t)(b + 4 * j) * 16 + PF_BYTES, _MM_HINT_T0);
-            fp4x128(el + (size_t)(b + 4 * j) * 16, lut_hi, lut_lo, w);
+            fp4x128(el + (size_t)(b + 4 * j) * 16, lut, w);
             __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w[0], (__m512bh)_mm512_loadu_si512(xs));
             d = _mm512_dpbf16_ps(d, (__m512bh)w[1], (__m512bh)_mm512_loadu_si512(xs + 32));
             d = _mm512_dpbf16_ps(d, (__m512bh)w[2], (__m512bh)_mm512_loadu_si512(xs + 64));
@@ -192,12 +186,10 @@ static void gemv_a8(float *out, const uint16_t *xb, const q3_mat *W, int r0, int
     pthread_once(&g_once, init_tables);
     const int K = W->cols, nb = K / 32;
     if (W->dtype == Q3_MXFP4) {
-        const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_fp4_hi));
-        const __m512i lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_fp4_lo));
+        const __m512i lut = _mm512_loadu_si512(g_fp4_w);
         for (int r = r0; r < r1; r++) {
             _mm_prefetch((const char *)(W->scales + (size_t)(r + PF_ROWS) * nb), _MM_HINT_T0);
-            out[r - r0] = row_fp4((const uint8_t *)W->data + (size_t)r * (K / 2), W->scales + (size_t)r * nb, xb, nb, lut_hi,
-                                  lut_lo);
+            out[r - r0] = row_fp4((const uint8_t *)W->data + (size_t)r * (K / 2), W->scales + (size_t)r * nb, xb, nb, lut);
         }
         return;
     }
@@ -256,12 +248,11 @@ static void decode_row(uint16_t *dst, const q3_mat *W, int r) {
     const int K = W->cols, nb = K / 32;
     const uint8_t *sc = W->scales + (size_t)r * nb;
     if (W->dtype == Q3_MXFP4) {
-        const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_fp4_hi));
-        const __m512i lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_fp4_lo));
+        const __m512i lut = _mm512_loadu_si512(g_fp4_w);
         const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (K / 2);
         for (int b = 0; b < nb; b += 4) {
             __m512i w[4];
-            fp4x128(el + (size_t)b * 16, lut_hi, lut_lo, w);
+            fp4x128(el + (size_t)b * 16, lut, w);
             const __m512i add = fold_add(sc + b, 4);
             for (int v = 0; v < 4; v++) _mm512_storeu_si512(dst + (size_t)b * 32 + 32 * v, fold(w[v], add));
         }
