@@ -2,6 +2,8 @@
  * GFLOP/s per ISA. Usage: build/kernel_bench [rows cols tokens reps]
  * MX GEMV (MXFP4 / MXFP8 weights, fp32 and A8 inputs) per ISA:
  *   build/kernel_bench mx [rows cols reps]
+ * Decode MoE passes (8 of E MXFP4 A8 experts per token, gate+up then down):
+ *   build/kernel_bench moe [experts hidden ffn tokens]
  * Causal prefill attention of one layer (default: Qwen3-30B-A3B heads;
  * Q3MOE_ISA=NAME runs only that ISA):
  *   build/kernel_bench attn [positions heads kv_heads head_dim reps] */
@@ -24,6 +26,26 @@ static void *big_alloc(size_t n) {
     void *p = aligned_alloc(huge, (n + huge - 1) / huge * huge);
     if (p && getenv("Q3_BENCH_THP") && atoi(getenv("Q3_BENCH_THP"))) madvise(p, (n + huge - 1) / huge * huge, MADV_HUGEPAGE);
     return p;
+}
+
+/* Seconds to read n bytes at p with all threads (best of reps): the
+ * streaming limit a GEMV over the same buffer is compared with. */
+static double read_time(const void *p, size_t n, int reps) {
+    const uint64_t *w = p;
+    const size_t nw = n / 8;
+    double best = 1e30;
+    volatile uint64_t sink = 0;
+    for (int r = 0; r < reps; r++) {
+        uint64_t s = 0;
+        double t0 = omp_get_wtime();
+#pragma omp parallel for reduction(^ : s) schedule(static)
+        for (size_t i = 0; i < nw; i++) s ^= w[i];
+        double t1 = omp_get_wtime();
+        sink ^= s;
+        if (t1 - t0 < best) best = t1 - t0;
+    }
+    (void)sink;
+    return best;
 }
 
 static int mx_bench(int M, int K, int reps) {
@@ -53,9 +75,11 @@ static int mx_bench(int M, int K, int reps) {
                     double t1 = omp_get_wtime();
                     if (t1 - t0 < best) best = t1 - t0;
                 }
-                printf("%-10s %s%s gemv %dx%d: %.2f ms, %.1f G elements/s, %.1f GB/s\n", q3_isa_name(q3_kernels_isa()),
-                       dt == Q3_MXFP4 ? "MXFP4" : "MXFP8", a8 ? " A8" : "   ", M, K, best * 1e3, (double)M * K / best / 1e9,
-                       (double)M * (eb + sb) / best / 1e9);
+                const double rd = read_time(el, (size_t)M * eb, reps) + read_time(sc, (size_t)M * sb, reps);
+                printf("%-10s %s%s gemv %dx%d: %.2f ms, %.1f G elements/s, %.1f GB/s (%.0f %% of a plain read of the same "
+                       "bytes)\n",
+                       q3_isa_name(q3_kernels_isa()), dt == Q3_MXFP4 ? "MXFP4" : "MXFP8", a8 ? " A8" : "   ", M, K, best * 1e3,
+                       (double)M * K / best / 1e9, (double)M * (eb + sb) / best / 1e9, 100 * rd / best);
                 /* An expert-sized GEMM: 32 tokens over the first rows. */
                 const int T = 32, Mg = M < 1536 ? M : 1536;
                 q3_mat Wg = W;
@@ -74,6 +98,64 @@ static int mx_bench(int M, int K, int reps) {
         free(el), free(sc);
     }
     free(row), free(x), free(xs), free(out);
+    return 0;
+}
+
+/* Decode MoE passes as q3_forward runs them: 8 of E experts per token, gate
+ * and up (F x H) in one matmul pass, down (H x F) in the next, MXFP4 A8,
+ * weights spread over E experts so that every token reads them from DRAM. */
+static int moe_bench(int E, int H, int F, int tokens) {
+    const q3_dtype dt = Q3_MXFP4;
+    q3_mat *mats = calloc((size_t)3 * E, sizeof *mats);
+    float *row = malloc((size_t)(H > F ? H : F) * 4), *x = malloc((size_t)H * 4), *h = malloc((size_t)2 * 8 * F * 4);
+    float *y = malloc((size_t)8 * H * 4);
+    if (!mats || !row || !x || !h || !y) return 1;
+    for (int i = 0; i < 3 * E; i++) {
+        const int R = i % 3 == 2 ? H : F, K = i % 3 == 2 ? F : H;
+        const size_t eb = q3_mx_elem_bytes(dt, (size_t)K), sb = (size_t)K / 32;
+        uint8_t *el = big_alloc((size_t)R * eb), *sc = big_alloc((size_t)R * sb);
+        if (!el || !sc) return 1;
+        for (int r = 0; r < R; r++) {
+            for (int k = 0; k < K; k++) row[k] = (float)(((size_t)(i * 7 + r) * K + k) * 2654435761u % 1000) / 1000.0f - 0.5f;
+            if (q3_mx_quantize_row(dt, row, (size_t)K, sc + (size_t)r * sb, el + (size_t)r * eb)) return 1;
+        }
+        mats[i] = (q3_mat){.data = el, .dtype = dt, .rows = R, .cols = K, .scales = sc, .a8 = 1};
+    }
+    for (int k = 0; k < H; k++) x[k] = (float)((k * 40503u) % 1000) / 500.0f - 1.0f;
+    if (q3_mx_fake_quant_row(Q3_MXFP8, x, (size_t)H, x)) return 1;
+    for (int k = 0; k < 8 * F; k++) h[k] = (float)((k * 40503u) % 1000) / 5000.0f - 0.1f;
+    if (q3_mx_fake_quant_row(Q3_MXFP8, h, (size_t)8 * F, h)) return 1;
+    const double w13_bytes = 8.0 * 2 * F * (q3_mx_elem_bytes(dt, (size_t)H) + H / 32);
+    const double down_bytes = 8.0 * H * (q3_mx_elem_bytes(dt, (size_t)F) + F / 32);
+    for (int isa = Q3_ISA_SCALAR + 1; isa < Q3_ISA_COUNT; isa++) {
+        q3_kernels_force((q3_isa)isa);
+        const char *only = getenv("Q3MOE_ISA");
+        if ((int)q3_kernels_isa() != isa || (only && strcmp(only, q3_isa_name((q3_isa)isa)))) continue;
+        double t13 = 0, tdn = 0;
+        unsigned seed = 12345;
+        for (int t = 0; t < tokens; t++) {
+            q3_mm_job jobs[16];
+            int ex[8];
+            for (int i = 0; i < 8; i++) {
+                seed = seed * 1103515245u + 12345u;
+                ex[i] = (int)((seed >> 8) % (unsigned)E);
+                jobs[2 * i] = (q3_mm_job){h + (size_t)i * F, (size_t)F, x, (size_t)H, 1, &mats[3 * ex[i]]};
+                jobs[2 * i + 1] = (q3_mm_job){h + (size_t)(8 + i) * F, (size_t)F, x, (size_t)H, 1, &mats[3 * ex[i] + 1]};
+            }
+            double t0 = omp_get_wtime();
+            q3_matmul_jobs(jobs, 16);
+            double t1 = omp_get_wtime();
+            for (int i = 0; i < 8; i++) jobs[i] = (q3_mm_job){y + (size_t)i * H, (size_t)H, h + (size_t)i * F, (size_t)F, 1, &mats[3 * ex[i] + 2]};
+            q3_matmul_jobs(jobs, 8);
+            double t2 = omp_get_wtime();
+            if (t >= 4) t13 += t1 - t0, tdn += t2 - t1; /* the first tokens warm up */
+        }
+        const int n = tokens - 4;
+        printf("%-10s MoE decode, 8 of %d experts, H %d F %d, MXFP4 A8: gate+up pass %.1f us (%.1f GB/s), down pass %.1f us "
+               "(%.1f GB/s)  (threads %d)\n",
+               q3_isa_name(q3_kernels_isa()), E, H, F, t13 / n * 1e6, w13_bytes * n / t13 / 1e9, tdn / n * 1e6,
+               down_bytes * n / tdn / 1e9, omp_get_max_threads());
+    }
     return 0;
 }
 
@@ -112,6 +194,9 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "attn"))
         return attn_bench(argc > 2 ? atoi(argv[2]) : 4096, argc > 3 ? atoi(argv[3]) : 32, argc > 4 ? atoi(argv[4]) : 4,
                           argc > 5 ? atoi(argv[5]) : 128, argc > 6 ? atoi(argv[6]) : 3);
+    if (argc > 1 && !strcmp(argv[1], "moe"))
+        return moe_bench(argc > 2 ? atoi(argv[2]) : 128, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 768,
+                         argc > 5 ? atoi(argv[5]) : 200);
     if (argc > 1 && !strcmp(argv[1], "mx"))
         return mx_bench(argc > 2 ? atoi(argv[2]) : 65536, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 10);
     int M = argc > 1 ? atoi(argv[1]) : 151936, K = argc > 2 ? atoi(argv[2]) : 2048;
