@@ -167,6 +167,19 @@ def test_refuses_overwrite(report, model):
     assert [p["tokens"] for p in r["prefill"]] == [8]
 
 
+def test_hugepages(report, model, tmp_path):
+    """--hugepages is reported in the table and the JSON (with the bytes the kernel put in huge
+    pages, which may be 0 where transparent huge pages are off); the default run maps the file."""
+    r0, stdout0, _, _ = report
+    assert r0["hugepages"] is False and "--hugepages" not in stdout0
+    out = tmp_path / "h.json"
+    p = run([Q3MOE, "bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "--json", out, "--no-membw", "--no-ttft",
+             "--hugepages"])
+    r = json.loads(out.read_text())
+    assert r["hugepages"] is True and r["huge_page_bytes"] >= 0
+    assert "--hugepages: copied into anonymous memory" in p.stdout
+
+
 def test_membw_only(tmp_path):
     out = tmp_path / "m.json"
     run([Q3MOE, "bench", "--membw", "--membw-mb", "16", "-t", "1", "--json", out])

@@ -277,6 +277,19 @@ def test_generate_mlock(model):
         assert p.returncode == 1 and "--mlock" in err and "ulimit -l" in err, shown(p)
 
 
+def test_generate_hugepages(model):
+    """--hugepages reads the weights into an anonymous copy instead of mapping them: the same
+    greedy text, and the same with --mlock on top (or --mlock's clear error)."""
+    want = generate(model, "-p", "hi there", "-n", "6", "--temp", "0")[0]
+    assert generate(model, "-p", "hi there", "-n", "6", "--temp", "0", "--hugepages")[0] == want
+    p = run(["generate", "-m", model, *T1, "-p", "hi there", "-n", "6", "--temp", "0", "--hugepages", "--mlock"])
+    if p.returncode == 0:
+        assert p.stdout == want
+    else:
+        err = p.stderr.decode(errors="replace")
+        assert p.returncode == 1 and "--mlock" in err and "ulimit -l" in err, shown(p)
+
+
 def test_generate_chat_wraps_the_prompt(model):
     """--chat gives exactly the continuation of the wrapped prompt."""
     text = chat_turn("hi there", "S", think=False)

@@ -493,3 +493,15 @@ def test_no_sp_note_printed_once(models, tmp_path):
     _, err = logits(mpi(4, []), paths["moe"], None, tmp_path / "par.bin",
                     ["--attn-tp", "4", "--moe-ep", "2", "--moe-tp", "2"])
     assert err.count("no sequence-parallel prefill: it needs attn_tp_size == moe_ep_size (here 4 and 2)") == 1, err
+
+
+def test_hugepages_left_to_one_process(models, tmp_path):
+    """--hugepages would copy the whole model into every rank: ranks map it instead, say so once,
+    and give the single-process greedy ids."""
+    _, paths = models
+    gen = ["generate", "-m", paths["moe"], "--ids", ",".join(map(str, IDS[:5])), "-n", 4, "--temp", 0,
+           "--print-ids", "--ignore-eos", "-t", 1]
+    _, want, _ = run([Q3MOE] + gen)
+    _, got, err = run(mpi(2, gen + ["--hugepages", "--moe-ep", "2"]))
+    assert json.loads(got.strip()) == json.loads(want.strip())
+    assert err.count("--hugepages is for one process; the 2 ranks map the model") == 1, err

@@ -50,6 +50,8 @@ typedef struct {
     bench_decode_result decode;
     bench_ttft ttft;
     long rss_kb;                    /* bench process peak RSS after the model runs */
+    int hugepages;                  /* --hugepages: the model was copied into anonymous memory */
+    size_t huge_bytes;              /* of which in transparent huge pages (AnonHugePages) */
     /* ranks and sampling (every step ends with a sampled token) */
     int world;
     q3_sampler_params sp;

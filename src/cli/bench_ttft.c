@@ -195,6 +195,7 @@ int bench_measure_ttft(const char *dir, const int32_t *ids, int n, int threads_a
     argv[a++] = "--temp";
     argv[a++] = "0";
     argv[a++] = "--print-ids";
+    if (q3_hugepages_get()) argv[a++] = "--hugepages";
     if (threads_arg > 0) {
         snprintf(tbuf, sizeof tbuf, "%d", threads_arg);
         argv[a++] = "-t";

@@ -55,6 +55,8 @@ static void usage(FILE *f) {
             "  --membw-mb MB     bandwidth test buffer size in MiB (default 1024)\n"
             "  --no-ttft         skip the time-to-first-token runs\n"
             "  --mlock           lock the model's files in RAM (never paged out; needs ulimit -l)\n"
+            "  --hugepages       copy the model into transparent huge pages instead of mapping it\n"
+            "                    (the time-to-first-token runs get it too)\n"
             "  --ttft-p N        prompt length of the time-to-first-token runs (default: the\n"
             "                    first -p length, or 128)\n"
             "  --temp T          sampling temperature of every prefill and decode step (default 0.6,\n"
@@ -202,6 +204,8 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         }
     }
     r->rss_kb = peak_rss_kb();
+    r->hugepages = q3_hugepages_get();
+    r->huge_bytes = q3_anon_huge_bytes();
     free(s->state.expert_hits);
     s->state.expert_hits = NULL;
     free(delta);
@@ -236,6 +240,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-membw")) no_membw = 1;
         else if (!strcmp(a, "--no-ttft")) no_ttft = 1;
         else if (!strcmp(a, "--mlock")) q3_mlock_set(1);
+        else if (!strcmp(a, "--hugepages")) q3_hugepages_set(1);
         else if (!strcmp(a, "-m") || !strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-r") || !strcmp(a, "-t") ||
                  !strcmp(a, "--depth") || !strcmp(a, "--ctx") || !strcmp(a, "--json") || !strcmp(a, "--membw-mb") ||
                  !strcmp(a, "--ttft-p") || !strcmp(a, "--quant") || !strcmp(a, "--temp") || !strcmp(a, "--top-k")) {

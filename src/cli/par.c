@@ -71,6 +71,12 @@ static int probe(const char *path, q3_config *c, int *mx) {
 
 int par_setup(par_opts *o, const char *cmd, const char **model_path, const char *quant) {
     const int multi = o->world > 1, asked = o->config || o->n_flags;
+    if (multi && q3_hugepages_get()) {
+        /* Each rank would copy the whole file; ranks map it and touch their slices. */
+        q3_hugepages_set(0);
+        if (o->rank == 0)
+            fprintf(stderr, "q3moe %s: note: --hugepages is for one process; the %d ranks map the model\n", cmd, o->world);
+    }
     /* Plan from the YAML and flags: the same text on every rank, so every
      * rank fails the same way; rank 0 says why. */
     int rc = 0;

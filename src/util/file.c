@@ -8,12 +8,65 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <stdint.h>
 
 #include "util/error.h"
 
-static int g_mlock = 0;
+static int g_mlock = 0, g_hugepages = 0;
 
 void q3_mlock_set(int on) { g_mlock = on; }
+void q3_hugepages_set(int on) { g_hugepages = on; }
+int q3_hugepages_get(void) { return g_hugepages; }
+
+enum { HUGE_PAGE = 2 << 20 };
+
+/* The file's bytes in a 2 MiB-aligned anonymous mapping advised for huge
+ * pages, read-only once filled. */
+static int copy_to_huge_pages(q3_mapped_file *f, int fd, const char *path) {
+    const size_t avail = q3_mem_available();
+    if (avail && f->size > avail)
+        return q3_err("--hugepages: %s (%.2f GB) does not fit in the available memory (%.2f GB); run without --hugepages "
+                      "to map it instead",
+                      path, f->size / 1e9, avail / 1e9);
+    const size_t len = (f->size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    unsigned char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return q3_err("--hugepages: cannot allocate %.2f GB for %s: %s", len / 1e9, path, strerror(errno));
+    /* Keep only the aligned part, so that every 2 MiB of it can be one page. */
+    unsigned char *p = raw + (HUGE_PAGE - (uintptr_t)raw % HUGE_PAGE) % HUGE_PAGE;
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    if (p + len < raw + len + HUGE_PAGE) munmap(p + len, (size_t)(raw + len + HUGE_PAGE - (p + len)));
+    (void)madvise(p, len, MADV_HUGEPAGE); /* best effort: without THP it is still a copy */
+    for (size_t off = 0; off < f->size;) {
+        const size_t want = f->size - off < ((size_t)1 << 30) ? f->size - off : ((size_t)1 << 30);
+        const ssize_t got = pread(fd, p + off, want, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            const int e = got < 0 ? errno : 0;
+            munmap(p, len);
+            return q3_err("--hugepages: cannot read %s at byte %zu: %s", path, off, e ? strerror(e) : "unexpected end of file");
+        }
+        off += (size_t)got;
+    }
+    if (mprotect(p, len, PROT_READ) != 0) {
+        const int e = errno;
+        munmap(p, len);
+        return q3_err("--hugepages: cannot make the copy of %s read-only: %s", path, strerror(e));
+    }
+    f->data = p;
+    f->anon_len = len;
+    return 0;
+}
+
+size_t q3_anon_huge_bytes(void) {
+    FILE *fp = fopen("/proc/self/smaps_rollup", "r");
+    if (!fp) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, fp))
+        if (sscanf(line, "AnonHugePages: %zu kB", &kb) == 1) break;
+    fclose(fp);
+    return kb * 1024;
+}
 
 int q3_map_file(q3_mapped_file *f, const char *path) {
     memset(f, 0, sizeof *f);
@@ -30,22 +83,28 @@ int q3_map_file(q3_mapped_file *f, const char *path) {
         return q3_err("%s is not a regular file", path);
     }
     f->size = (size_t)st.st_size;
-    if (f->size > 0) {
+    if (f->size > 0 && g_hugepages) {
+        if (copy_to_huge_pages(f, fd, path)) {
+            close(fd);
+            return -1;
+        }
+    } else if (f->size > 0) {
         void *p = mmap(NULL, f->size, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
             int e = errno;
             close(fd);
             return q3_err("cannot mmap %s: %s", path, strerror(e));
         }
-        if (g_mlock && mlock(p, f->size) != 0) {
-            int e = errno;
-            munmap(p, f->size);
-            close(fd);
-            return q3_err("--mlock: cannot lock %s (%.2f GB) in memory: %s (raise the locked-memory limit, ulimit -l, "
-                          "or run without --mlock)",
-                          path, f->size / 1e9, strerror(e));
-        }
         f->data = p;
+    }
+    if (f->data && g_mlock && mlock(f->data, f->size) != 0) {
+        int e = errno;
+        munmap((void *)f->data, f->anon_len ? f->anon_len : f->size);
+        close(fd);
+        memset(f, 0, sizeof *f);
+        return q3_err("--mlock: cannot lock %s (%.2f GB) in memory: %s (raise the locked-memory limit, ulimit -l, "
+                      "or run without --mlock)",
+                      path, f->size / 1e9, strerror(e));
     }
     close(fd);
     f->path = q3_strdup(path);
@@ -53,7 +112,7 @@ int q3_map_file(q3_mapped_file *f, const char *path) {
 }
 
 void q3_unmap_file(q3_mapped_file *f) {
-    if (f->data && f->size) munmap((void *)f->data, f->size);
+    if (f->data && f->size) munmap((void *)f->data, f->anon_len ? f->anon_len : f->size);
     free(f->path);
     memset(f, 0, sizeof *f);
 }

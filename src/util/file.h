@@ -8,6 +8,7 @@ typedef struct {
     char *path;          /* owned copy, for error messages */
     const unsigned char *data;
     size_t size;
+    size_t anon_len; /* nonzero: data is an anonymous copy of this many bytes (q3_hugepages_set) */
 } q3_mapped_file;
 
 /* mmap a whole file read-only. On failure returns -1 with q3_err set. */
@@ -16,6 +17,16 @@ int q3_map_file(q3_mapped_file *f, const char *path);
  * so the kernel never pages model weights out under memory pressure; a file
  * that cannot be locked is then an error of q3_map_file. */
 void q3_mlock_set(int on);
+/* Read every file mapped from now on into anonymous memory backed by
+ * transparent huge pages (madvise) instead of mapping it: decode reads
+ * experts scattered over the whole file, and with 4 KiB pages their page
+ * walks, not DRAM, set the pace. Costs a copy at start-up and the file's
+ * size in RAM; a file larger than the available memory is an error. */
+void q3_hugepages_set(int on);
+int q3_hugepages_get(void);
+/* Bytes of this process's memory in transparent huge pages (AnonHugePages
+ * of /proc/self/smaps_rollup), or 0. */
+size_t q3_anon_huge_bytes(void);
 void q3_unmap_file(q3_mapped_file *f);
 /* Map every page of the file now (from the page cache, reading what is
  * missing) so that later accesses take no page faults. Best effort. */
