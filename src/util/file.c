@@ -20,6 +20,18 @@ int q3_hugepages_get(void) { return g_hugepages; }
 
 enum { HUGE_PAGE = 2 << 20 };
 
+/* The number a line of a /proc file gives in kB (fmt: "Key: %zu kB"), or 0. */
+static size_t proc_kb(const char *path, const char *fmt) {
+    FILE *fp = fopen(path, "r");
+    if (!fp) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, fp))
+        if (sscanf(line, fmt, &kb) == 1) break;
+    fclose(fp);
+    return kb;
+}
+
 /* The file's bytes in a 2 MiB-aligned anonymous mapping advised for huge
  * pages, read-only once filled. */
 static int copy_to_huge_pages(q3_mapped_file *f, int fd, const char *path) {
@@ -57,16 +69,7 @@ static int copy_to_huge_pages(q3_mapped_file *f, int fd, const char *path) {
     return 0;
 }
 
-size_t q3_anon_huge_bytes(void) {
-    FILE *fp = fopen("/proc/self/smaps_rollup", "r");
-    if (!fp) return 0;
-    char line[256];
-    size_t kb = 0;
-    while (fgets(line, sizeof line, fp))
-        if (sscanf(line, "AnonHugePages: %zu kB", &kb) == 1) break;
-    fclose(fp);
-    return kb * 1024;
-}
+size_t q3_anon_huge_bytes(void) { return proc_kb("/proc/self/smaps_rollup", "AnonHugePages: %zu kB") * 1024; }
 
 int q3_map_file(q3_mapped_file *f, const char *path) {
     memset(f, 0, sizeof *f);
@@ -137,16 +140,7 @@ void q3_prefault(const q3_mapped_file *f) {
         (void)madvise((void *)f->data, f->size, MADV_WILLNEED);
 }
 
-size_t q3_mem_available(void) {
-    FILE *fp = fopen("/proc/meminfo", "r");
-    if (!fp) return 0;
-    char line[256];
-    size_t kb = 0;
-    while (fgets(line, sizeof line, fp))
-        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
-    fclose(fp);
-    return kb * 1024;
-}
+size_t q3_mem_available(void) { return proc_kb("/proc/meminfo", "MemAvailable: %zu kB") * 1024; }
 
 char *q3_read_file(const char *path, size_t *len_out) {
     FILE *fp = fopen(path, "rb");
