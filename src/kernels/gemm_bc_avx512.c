@@ -45,32 +45,40 @@ static void widen_row(float *dst, const q3_mat *W, int r) {
     }
 }
 
-/* out[t][r] for r < R (<= 8), t < T, from 8 widened rows wb[r * K ..].
- * Meanwhile the next rows' weights, nbytes at `next`, are prefetched: rows
- * are a page or so each, so the hardware prefetcher, which stops at page
- * boundaries, would leave every row's first lines to miss in DRAM. */
-INLINE void tile8(float *out, size_t ldo, const float *ap, int T, int K, const float *wb, int R, int TB,
-                  const char *next, size_t nbytes) {
+/* Rows per tile: 8 widened rows (8 * K floats) stay close to L1; 16 rows
+ * for one token vector measured 30 % slower. */
+enum { ROWS = 8 };
+
+/* out[t][r] for r < R (<= ROWS), t < T, from ROWS widened rows wb[r * K ..].
+ * Meanwhile the next rows' weights, nbytes at `next`, are prefetched, one
+ * line every `every` steps of k: rows are a page or so each, so the
+ * hardware prefetcher, which stops at page boundaries, would leave every
+ * row's first lines to miss in DRAM. */
+INLINE void tile(float *out, size_t ldo, const float *ap, int T, int K, const float *wb, int R, const int TB,
+                 const char *next, size_t nbytes) {
     const size_t lines = (nbytes + 63) / 64;
     const int every = lines ? (int)((size_t)K / lines > 0 ? (size_t)K / lines : 1) : K + 1;
     const int TP = 16 * TB;
-    __m512 acc[8][3];
+    __m512 acc[ROWS][3];
 #pragma GCC unroll 8
-    for (int r = 0; r < 8; r++)
+    for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 3
-        for (int tb = 0; tb < 3; tb++) acc[r][tb] = _mm512_setzero_ps();
+        for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_setzero_ps();
+    size_t line = 0;
+    int countdown = 1;
     for (int k = 0; k < K; k++) {
-        if (k % every == 0 && (size_t)(k / every) < lines) _mm_prefetch(next + (size_t)(k / every) * 64, _MM_HINT_T0);
+        if (--countdown == 0) { /* a counter, not k % every: a division per step cost more than its FMAs */
+            countdown = every;
+            if (line < lines) _mm_prefetch(next + line++ * 64, _MM_HINT_T0);
+        }
         __m512 a[3];
 #pragma GCC unroll 3
-        for (int tb = 0; tb < 3; tb++)
-            if (tb < TB) a[tb] = _mm512_loadu_ps(ap + (size_t)k * TP + 16 * tb);
+        for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(ap + (size_t)k * TP + 16 * tb);
 #pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) {
+        for (int r = 0; r < ROWS; r++) {
             const __m512 w = _mm512_set1_ps(wb[(size_t)r * K + k]);
 #pragma GCC unroll 3
-            for (int tb = 0; tb < 3; tb++)
-                if (tb < TB) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
+            for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
         }
     }
     float lanes[16];
@@ -81,19 +89,25 @@ INLINE void tile8(float *out, size_t ldo, const float *ap, int T, int K, const f
         }
 }
 
-void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
-    const int K = W->cols, TB = (T + 15) / 16;
+INLINE void gemm_tb(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf,
+                    const int TB) {
+    const int K = W->cols;
     const size_t es = W->dtype == Q3_F32 ? 4 : 2, rs = (W->rs ? W->rs : (size_t)K) * es;
-    for (int rg = r0; rg < r1; rg += 8) {
-        const int R = r1 - rg < 8 ? r1 - rg : 8;
-        for (int r = 0; r < 8; r++) /* rows past R repeat the last one; their results are dropped */
+    for (int rg = r0; rg < r1; rg += ROWS) {
+        const int R = r1 - rg < ROWS ? r1 - rg : ROWS;
+        for (int r = 0; r < ROWS; r++) /* rows past R repeat the last one; their results are dropped */
             widen_row(wbuf + (size_t)r * K, W, rg + (r < R ? r : R - 1));
-        const int nrows = W->rows - (rg + 8) < 8 ? W->rows - (rg + 8) : 8;
-        const char *next = (const char *)W->data + (size_t)(rg + 8) * rs;
+        const int nrows = W->rows - (rg + ROWS) < ROWS ? W->rows - (rg + ROWS) : ROWS;
+        const char *next = (const char *)W->data + (size_t)(rg + ROWS) * rs;
         const size_t nbytes = nrows > 0 ? (size_t)(nrows - 1) * rs + (size_t)K * es : 0;
-        if (TB == 1) tile8(out + (rg - r0), ldo, ap, T, K, wbuf, R, 1, next, nbytes);
-        else if (TB == 2) tile8(out + (rg - r0), ldo, ap, T, K, wbuf, R, 2, next, nbytes);
-        else tile8(out + (rg - r0), ldo, ap, T, K, wbuf, R, 3, next, nbytes);
+        tile(out + (rg - r0), ldo, ap, T, K, wbuf, R, TB, next, nbytes);
     }
+}
+
+void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
+    const int TB = (T + 15) / 16;
+    if (TB == 1) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 1);
+    else if (TB == 2) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 2);
+    else gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 3);
 }
 #pragma GCC pop_options
