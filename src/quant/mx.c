@@ -1,5 +1,6 @@
 /* MX block quantization of fp32 rows (the format is described in mx.h). */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "quant/mx.h"
@@ -34,7 +35,7 @@ static int check_row(const float *x, size_t n) {
 
 static int block_exp(q3_mx_type t, const float *x) {
     float amax = 0;
-    for (int i = 0; i < Q3_MX_BLOCK; i++) amax = fmaxf(amax, fabsf(x[i]));
+    for (int i = 0; i < Q3_MX_BLOCK; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax; /* a NaN is skipped, as by fmaxf */
     return q3_mx_shared_exp(t, amax);
 }
 
@@ -42,7 +43,14 @@ static int block_exp(q3_mx_type t, const float *x) {
  * fp32 normals, and such a value is far under half the smallest element
  * subnormal, so it rounds to (signed) zero either way: one rounding only. */
 static uint8_t encode(q3_mx_type t, float x, int e) {
-    float v = ldexpf(x, -e);
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    const int E = (int)(bits >> 23 & 0xFF);
+    float v;
+    if (E >= 1 && E - e >= 1 && E - e <= 254) { /* x and v normal: the scaling is an exponent subtraction */
+        bits = (bits & 0x807FFFFFu) | (uint32_t)(E - e) << 23;
+        memcpy(&v, &bits, sizeof v);
+    } else v = ldexpf(x, -e);
     return t == Q3_MXFP8 ? q3_e4m3_from_f32(v) : q3_e2m1_from_f32(v);
 }
 
