@@ -98,6 +98,10 @@ int q3_map_file(q3_mapped_file *f, const char *path) {
             close(fd);
             return q3_err("cannot mmap %s: %s", path, strerror(e));
         }
+        /* Where the filesystem keeps the file in large folios (ext4 and XFS on
+         * recent kernels), this lets the kernel map them with 2 MiB entries:
+         * fewer page walks at no start-up cost. Best effort. */
+        (void)madvise(p, f->size, MADV_HUGEPAGE);
         f->data = p;
     }
     if (f->data && g_mlock && mlock(f->data, f->size) != 0) {

@@ -18,10 +18,10 @@ int q3_map_file(q3_mapped_file *f, const char *path);
  * that cannot be locked is then an error of q3_map_file. */
 void q3_mlock_set(int on);
 /* Read every file mapped from now on into anonymous memory backed by
- * transparent huge pages (madvise) instead of mapping it: decode reads
- * experts scattered over the whole file, and with 4 KiB pages their page
- * walks, not DRAM, set the pace. Costs a copy at start-up and the file's
- * size in RAM; a file larger than the available memory is an error. */
+ * transparent huge pages (madvise) instead of mapping it: fewer TLB misses
+ * over experts scattered across the file, and pages the kernel cannot drop.
+ * Costs a copy at start-up and the file's size in RAM; a file larger than
+ * the available memory is an error. */
 void q3_hugepages_set(int on);
 int q3_hugepages_get(void);
 /* Bytes of this process's memory in transparent huge pages (AnonHugePages
