@@ -98,8 +98,8 @@ static void a8_prep(uint16_t *xb, const float *x, int K, q3_dtype wt) {
 
 /* Sixteen E8M0 codes -> 2^(c-127) as fp32 (code 0 is the subnormal 2^-127,
  * 0xFF NaN), exactly as q3_e8m0_to_f32. */
-INLINE __m512 e8m0x16(const uint8_t *p) {
-    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+INLINE __m512 e8m0x16(__m128i codes) {
+    const __m512i c = _mm512_cvtepu8_epi32(codes);
     const __m512 v = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(127))));
     return _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xFF)), _mm512_set1_ps(NAN));
 }
@@ -134,10 +134,7 @@ INLINE __m512 step_scale(__m512 s16, int n, int j) {
 /* The scales of the next min(n, 16) blocks (missing ones read as code 0;
  * a masked load, so the tail of a row reads nothing past it). */
 INLINE __m512 scales16(const uint8_t *sc, int n) {
-    if (n >= 16) return e8m0x16(sc);
-    uint8_t tail[16];
-    _mm_storeu_si128((__m128i *)tail, _mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), sc));
-    return e8m0x16(tail);
+    return e8m0x16(_mm_maskz_loadu_epi8(n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1), sc));
 }
 
 /* One row of an MX matrix against the bf16 activations. Each step's dot
