@@ -71,6 +71,9 @@ static int copy_to_huge_pages(q3_mapped_file *f, int fd, const char *path) {
 
 size_t q3_anon_huge_bytes(void) { return proc_kb("/proc/self/smaps_rollup", "AnonHugePages: %zu kB") * 1024; }
 
+/* Bytes to munmap: an anonymous copy is rounded up to whole huge pages. */
+static size_t mapped_len(const q3_mapped_file *f) { return f->anon_len ? f->anon_len : f->size; }
+
 int q3_map_file(q3_mapped_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY);
@@ -106,7 +109,7 @@ int q3_map_file(q3_mapped_file *f, const char *path) {
     }
     if (f->data && g_mlock && mlock(f->data, f->size) != 0) {
         int e = errno;
-        munmap((void *)f->data, f->anon_len ? f->anon_len : f->size);
+        munmap((void *)f->data, mapped_len(f));
         close(fd);
         memset(f, 0, sizeof *f);
         return q3_err("--mlock: cannot lock %s (%.2f GB) in memory: %s (raise the locked-memory limit, ulimit -l, "
@@ -119,7 +122,7 @@ int q3_map_file(q3_mapped_file *f, const char *path) {
 }
 
 void q3_unmap_file(q3_mapped_file *f) {
-    if (f->data && f->size) munmap((void *)f->data, f->anon_len ? f->anon_len : f->size);
+    if (f->data && f->size) munmap((void *)f->data, mapped_len(f));
     free(f->path);
     memset(f, 0, sizeof *f);
 }
