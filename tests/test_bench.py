@@ -66,10 +66,17 @@ def active_params(model):
     return p
 
 
+def expected_matmul_flops(model, P):
+    """The linear layers of a P-token prefill: every weight of the active
+    parameters once per token, the lm_head for the last row."""
+    c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
+    return 2 * active_params(model) * P + 2 * V * H
+
+
 def expected_prefill_flops(model, P):
     c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
     attn = 4 * D * c["num_attention_heads"] * P * (P + 1) / 2 * L
-    return 2 * active_params(model) * P + attn + 2 * V * H
+    return expected_matmul_flops(model, P) + attn
 
 
 def expected_decode_bytes(model):
@@ -114,6 +121,11 @@ def test_prefill(report, model):
         assert p["flops"] == pytest.approx(expected_prefill_flops(model, p["tokens"]), rel=1e-12)
         assert p["gflops"] == pytest.approx(p["flops"] / p["ms_median"] / 1e6, rel=1e-9)
         assert p["pct_fma_peak"] == pytest.approx(100 * p["gflops"] / r["fma_peak"]["gflops"], rel=1e-9)
+        # the engine counts the flops of the matmuls it runs: the model's linear layers
+        assert p["matmul_flops"] == pytest.approx(expected_matmul_flops(model, p["tokens"]), rel=1e-12)
+        assert 0 < p["matmul_time_share"] <= 1
+        assert p["matmul_gflops"] >= p["matmul_flops"] / p["ms_max"] / 1e6 * p["matmul_time_share"] * 0.999
+        assert p["matmul_pct_fma_peak"] == pytest.approx(100 * p["matmul_gflops"] / r["fma_peak"]["gflops"], rel=1e-9)
 
 
 def test_decode(report, model):

@@ -107,7 +107,9 @@ double bench_kv_bytes(const q3_config *c, int pos) {
     return 2.0 * c->num_layers * (double)(pos + 1) * c->num_kv_heads * c->head_dim * sizeof(float);
 }
 
-int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms) {
+int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms,
+                      q3_matmul_stats *mm) {
+    q3_matmul_stats_reset();
     for (int r = 0; r < reps; r++) {
         q3_state_reset(&se->state);
         double t0 = now_ms();
@@ -116,6 +118,7 @@ int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P
         ms[r] = now_ms() - t0;
         bench_log("prefill %d tokens, rep %d/%d: %.2f ms\n", P, r + 1, reps, ms[r]);
     }
+    *mm = q3_matmul_stats_get();
     return 0;
 }
 

@@ -41,7 +41,9 @@ double bench_kv_bytes(const q3_config *c, int pos);
 
 /* `reps` timed prefills of P tokens, each after q3_state_reset and ending
  * with the first token sampled by smp (as generate does); ms[reps]. */
-int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms);
+/* Times reps prefills of P tokens (ms[r]); *mm: their matmul time and flops. */
+int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms,
+                      q3_matmul_stats *mm);
 /* reps x (reset, untimed prefill of `depth` ids, n timed single-token steps,
  * each a forward pass and a sample); ms[reps * n]. The steps feed ids, not
  * the sampled tokens, so every run sees the same tokens. hits_delta

@@ -87,13 +87,15 @@ void bench_print_table(FILE *f, const bench_results *r) {
 
     if (r->n_prefill) {
         fprintf(f, "\nprefill (last-row logits and the first token sampled; %d reps each)\n", r->prefill[0].reps);
-        fprintf(f, "  %8s %11s %11s %11s %10s %10s %8s\n", "tokens", "median ms", "min ms", "max ms", "tok/s", "GFLOP/s",
-                "% peak");
+        fprintf(f, "  %8s %11s %11s %11s %10s %10s %8s | %12s %8s %8s\n", "tokens", "median ms", "min ms", "max ms", "tok/s",
+                "GFLOP/s", "% peak", "matmul GF/s", "% peak", "% time");
         for (int i = 0; i < r->n_prefill; i++) {
             const bench_prefill_result *p = &r->prefill[i];
-            fprintf(f, "  %8d %11.2f %11.2f %11.2f %10.1f %10.2f %8.1f\n", p->tokens, p->ms_median, p->ms_min, p->ms_max,
-                    p->tok_s, p->gflops, pct(p->gflops, r->fma.gflops));
+            fprintf(f, "  %8d %11.2f %11.2f %11.2f %10.1f %10.2f %8.1f | %12.2f %8.1f %8.1f\n", p->tokens, p->ms_median,
+                    p->ms_min, p->ms_max, p->tok_s, p->gflops, pct(p->gflops, r->fma.gflops), p->mm_gflops,
+                    pct(p->mm_gflops, r->fma.gflops), 100.0 * p->mm_share);
         }
+        fprintf(f, "  (matmul: flops of the linear layers over the time inside them, every rep; %% time: their share)\n");
     }
     const bench_decode_result *d = &r->decode;
     if (d->ran) {
@@ -233,6 +235,10 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "flops", p->flops);
             set_num(o, "gflops", p->gflops);
             set_num(o, "pct_fma_peak", pct(p->gflops, r->fma.gflops));
+            set_num(o, "matmul_flops", p->mm_flops);
+            set_num(o, "matmul_gflops", p->mm_gflops);
+            set_num(o, "matmul_pct_fma_peak", pct(p->mm_gflops, r->fma.gflops));
+            set_num(o, "matmul_time_share", p->mm_share);
         }
         json_object_set_new(root, "prefill", pa);
         const bench_decode_result *d = &r->decode;

@@ -16,6 +16,9 @@ typedef struct {
     double tok_s;       /* tokens / median time */
     double flops;       /* per prefill, see bench_prefill_flops */
     double gflops;      /* flops / median time */
+    double mm_flops;    /* flops of the matmuls of one prefill */
+    double mm_gflops;   /* matmul flops / time inside matmuls, all reps */
+    double mm_share;    /* fraction of the prefill time spent in matmuls */
 } bench_prefill_result;
 
 typedef struct {

@@ -162,7 +162,8 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
     for (int i = 0; rc == 0 && i < np; i++) {
         const int P = plen[i];
         if (r->comm_stats) bench_comm_begin(&r->prefill_comm[i], &s->state, "prefill", c->num_layers);
-        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms);
+        q3_matmul_stats mm;
+        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms, &mm);
         if (r->comm_stats) bench_comm_end(&r->prefill_comm[i], &s->state, rc ? 0 : sum_ms(ms, (int)reps) / 1e3, (double)reps);
         if (rc) break;
         bench_prefill_result *p = &r->prefill[r->n_prefill++];
@@ -174,6 +175,9 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         p->tok_s = P * 1e3 / p->ms_median;
         p->flops = bench_prefill_flops(c, P);
         p->gflops = p->flops / (p->ms_median * 1e6);
+        p->mm_flops = mm.flops / (double)reps;
+        p->mm_gflops = mm.seconds > 0 ? mm.flops / mm.seconds / 1e9 : 0;
+        p->mm_share = mm.seconds * 1e3 / sum_ms(ms, (int)reps);
     }
 
     if (rc == 0 && n_dec > 0) {

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels/isa.h"
+#include "kernels/lane_store.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -60,13 +61,12 @@ static void widen_row(float *dst, const q3_mat *W, int r) {
  * for one token vector measured 30 % slower. */
 enum { ROWS = 8 };
 
-/* out[t][r] for r < R (<= ROWS), t < T, from ROWS widened rows wb[r * K ..].
+/* stage[r * 16 * TB + t] for r < ROWS, t < 16 * TB, from ROWS widened rows wb[r * K ..].
  * Meanwhile the next rows' weights, nbytes at `next`, are prefetched, one
  * line every `every` steps of k: rows are a page or so each, so the
  * hardware prefetcher, which stops at page boundaries, would leave every
  * row's first lines to miss in DRAM. */
-INLINE void tile(float *out, size_t ldo, const float *ap, int T, int K, const float *wb, int R, const int TB,
-                 const char *next, size_t nbytes) {
+INLINE void tile(float *stage, const float *ap, int K, const float *wb, const int TB, const char *next, size_t nbytes) {
     const size_t lines = (nbytes + 63) / 64;
     const int every = lines ? (int)((size_t)K / lines > 0 ? (size_t)K / lines : 1) : K + 1;
     const int TP = 16 * TB;
@@ -92,26 +92,27 @@ INLINE void tile(float *out, size_t ldo, const float *ap, int T, int K, const fl
             for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
         }
     }
-    float lanes[16];
-    for (int r = 0; r < R; r++)
-        for (int tb = 0; tb < TB; tb++) {
-            _mm512_storeu_ps(lanes, acc[r][tb]);
-            for (int j = 0; j < 16 && 16 * tb + j < T; j++) out[(size_t)(16 * tb + j) * ldo + r] = lanes[j];
-        }
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 3
+        for (int tb = 0; tb < TB; tb++) _mm512_storeu_ps(stage + (size_t)r * TP + 16 * tb, acc[r][tb]);
 }
 
 INLINE void gemm_tb(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf,
                     const int TB) {
     const int K = W->cols;
     const size_t es = W->dtype == Q3_F32 ? 4 : 2, rs = (W->rs ? W->rs : (size_t)K) * es;
+    float stage[Q3_STAGE_ROWS * 48] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += ROWS) {
-        const int R = r1 - rg < ROWS ? r1 - rg : ROWS;
+        const int R = r1 - rg < ROWS ? r1 - rg : ROWS, at = (rg - r0) % Q3_STAGE_ROWS;
         for (int r = 0; r < ROWS; r++) /* rows past R repeat the last one; their results are dropped */
             widen_row(wbuf + (size_t)r * K, W, rg + (r < R ? r : R - 1));
         const int nrows = W->rows - (rg + ROWS) < ROWS ? W->rows - (rg + ROWS) : ROWS;
         const char *next = (const char *)W->data + (size_t)(rg + ROWS) * rs;
         const size_t nbytes = nrows > 0 ? (size_t)(nrows - 1) * rs + (size_t)K * es : 0;
-        tile(out + (rg - r0), ldo, ap, T, K, wbuf, R, TB, next, nbytes);
+        tile(stage + (size_t)at * 16 * TB, ap, K, wbuf, TB, next, nbytes);
+        if (at + ROWS == Q3_STAGE_ROWS || rg + ROWS >= r1) /* a full stage, or the last rows */
+            q3_lane_store(out + (rg - r0 - at), ldo, stage, 16 * TB, T, at + R);
     }
 }
 

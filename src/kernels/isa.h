@@ -72,6 +72,12 @@ typedef struct {
      * widening each weight row once (wbuf: 8 * K floats of scratch). */
     void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K);
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
+    /* The same product for BF16 weights (even row stride) by bf16 dot
+     * products, each input split into two bf16 parts (NULL: not available):
+     * bf16_pack_act writes ap[K/2][2][TP] (hi pairs, then lo pairs; row:
+     * scratch of K words); gemm_bf16 reads the weight rows as stored. */
+    void (*bf16_pack_act)(uint32_t *ap, const float *x, size_t ldx, int T, int K, uint32_t *row);
+    void (*gemm_bf16)(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1);
 } q3_isa_kernels;
 
 /* E8M0 scale code -> the fp32 factor the SIMD element decoders expect
@@ -88,6 +94,9 @@ extern const q3_isa_kernels q3_kernels_avx512;
 /* gemm_bc_avx512.c */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K);
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
+/* gemm_bf16_avx512bf16.c */
+void q3_avx512bf16_bf16_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, uint32_t *row);
+void q3_avx512bf16_gemm_bf16(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
 

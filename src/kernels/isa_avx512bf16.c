@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "kernels/isa.h"
+#include "kernels/lane_store.h"
 #include "quant/mx.h"
 
 /* GEMV rows are read once, straight from DRAM, and the hardware prefetcher
@@ -280,8 +281,8 @@ static void decode_row(uint16_t *dst, const q3_mat *W, int r) {
     }
 }
 
-/* out[t][r] for r < R (<= 8), t < T, from 8 decoded rows wb[r * K ..]. */
-INLINE void tile8(float *out, size_t ldo, const uint32_t *ap, int T, int K, const uint16_t *wb, int R, int TB) {
+/* stage[r * 16 * TB + t] for r < 8, t < 16 * TB, from 8 decoded rows wb[r * K ..]. */
+INLINE void tile8(float *stage, const uint32_t *ap, int K, const uint16_t *wb, int TB) {
     const int TP = 16 * TB, np = K / 2;
     const uint32_t *w32 = (const uint32_t *)wb;
     __m512 acc[8][3];
@@ -302,25 +303,28 @@ INLINE void tile8(float *out, size_t ldo, const uint32_t *ap, int T, int K, cons
                 if (tb < TB) acc[r][tb] = _mm512_dpbf16_ps(acc[r][tb], w, a[tb]);
         }
     }
-    float lanes[16];
-    for (int r = 0; r < R; r++)
-        for (int tb = 0; tb < TB; tb++) {
-            _mm512_storeu_ps(lanes, acc[r][tb]);
-            for (int j = 0; j < 16 && 16 * tb + j < T; j++) out[(size_t)(16 * tb + j) * ldo + r] = lanes[j];
-        }
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++)
+#pragma GCC unroll 3
+        for (int tb = 0; tb < 3; tb++)
+            if (tb < TB) _mm512_storeu_ps(stage + (size_t)r * TP + 16 * tb, acc[r][tb]);
 }
 
 static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
     pthread_once(&g_once, init_tables);
     if (!scales_foldable(W, r0, r1)) return 0;
     const int K = W->cols, TB = (T + 15) / 16;
+    float stage[Q3_STAGE_ROWS * 48] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += 8) {
-        const int R = r1 - rg < 8 ? r1 - rg : 8;
+        const int R = r1 - rg < 8 ? r1 - rg : 8, at = (rg - r0) % Q3_STAGE_ROWS;
         for (int r = 0; r < 8; r++) /* rows past R repeat the last one; their results are dropped */
             decode_row(wbuf + (size_t)r * K, W, rg + (r < R ? r : R - 1));
-        if (TB == 1) tile8(out + (rg - r0), ldo, ap, T, K, wbuf, R, 1);
-        else if (TB == 2) tile8(out + (rg - r0), ldo, ap, T, K, wbuf, R, 2);
-        else tile8(out + (rg - r0), ldo, ap, T, K, wbuf, R, 3);
+        float *st = stage + (size_t)at * 16 * TB;
+        if (TB == 1) tile8(st, ap, K, wbuf, 1);
+        else if (TB == 2) tile8(st, ap, K, wbuf, 2);
+        else tile8(st, ap, K, wbuf, 3);
+        if (at + 8 == Q3_STAGE_ROWS || rg + 8 >= r1) /* a full stage, or the last rows */
+            q3_lane_store(out + (rg - r0 - at), ldo, stage, 16 * TB, T, at + R);
     }
     return 1;
 }
@@ -330,5 +334,7 @@ void q3_avx512bf16_a8_kernels(q3_isa_kernels *k) {
     k->gemv_a8 = gemv_a8;
     k->a8_pack_act = a8_pack_act;
     k->gemm_a8 = gemm_a8;
+    k->bf16_pack_act = q3_avx512bf16_bf16_pack_act;
+    k->gemm_bf16 = q3_avx512bf16_gemm_bf16;
 }
 #pragma GCC pop_options

@@ -65,6 +65,14 @@ typedef struct {
 void q3_matmul_jobs(const q3_mm_job *jobs, int n);
 /* out[T, W.rows] = x[T, W.cols] * W^T, contiguous. */
 void q3_matmul(float *out, const float *x, int T, const q3_mat *W);
+/* Wall time and useful flops (2 * T * rows * cols per job) of the calling
+ * thread's q3_matmul_jobs calls since its last reset: how fast prefill runs
+ * inside its matmuls, for q3moe bench. */
+typedef struct {
+    double seconds, flops;
+} q3_matmul_stats;
+void q3_matmul_stats_reset(void);
+q3_matmul_stats q3_matmul_stats_get(void);
 
 /* out = x * rsqrt(mean(x^2) + eps) * w, for n-element vectors (out may alias x). */
 void q3_rmsnorm(float *out, const float *x, const float *w, int n, float eps);

@@ -150,6 +150,21 @@ static int bc_shape_ok(const q3_mat *W) {
     return g_k->gemm_bc && !q3_dtype_is_mx(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 && W->cols <= Q3_LANE_KMAX;
 }
 
+static int bf16_shape_ok(const q3_mat *W) {
+    return g_k->gemm_bf16 && W->dtype == Q3_BF16 && bc_shape_ok(W) && (W->rs ? W->rs : (size_t)W->cols) % 2 == 0;
+}
+
+static void run_gemm_bf16(const q3_mm_job *jb, int r0, int nr) {
+    static _Thread_local uint32_t *ap, *row;
+    static _Thread_local act_key have;
+    if (!ap) {
+        ap = q3_malloc((size_t)Q3_LANE_TOKENS * Q3_LANE_KMAX * sizeof *ap);
+        row = q3_malloc((size_t)Q3_LANE_KMAX * sizeof *row);
+    }
+    if (act_stale(&have, jb)) g_k->bf16_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, row);
+    g_k->gemm_bf16(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr);
+}
+
 static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local float *ap, *wbuf;
     static _Thread_local act_key have;
@@ -173,6 +188,10 @@ static void run_panel(const q3_mm_job *jb, int r0) {
     if (a8_gemm_ok(jb) && run_gemm_a8(jb, r0, nr)) return;
     if (jb->T == 1) {
         g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr);
+        return;
+    }
+    if (jb->T <= Q3_LANE_TOKENS && bf16_shape_ok(W)) {
+        run_gemm_bf16(jb, r0, nr);
         return;
     }
     if (jb->T <= Q3_LANE_TOKENS && bc_shape_ok(W)) {
@@ -243,9 +262,17 @@ static int run_lane_chunked(const q3_mm_job *jobs, int n) {
     return 1;
 }
 
+static _Thread_local q3_matmul_stats g_stats;
+
+void q3_matmul_stats_reset(void) { g_stats = (q3_matmul_stats){0, 0}; }
+q3_matmul_stats q3_matmul_stats_get(void) { return g_stats; }
+
 void q3_matmul_jobs(const q3_mm_job *jobs, int n) {
     q3_kernels_init();
+    const double t0 = omp_get_wtime();
     if (!run_lane_chunked(jobs, n)) run_pass(jobs, n);
+    g_stats.seconds += omp_get_wtime() - t0;
+    for (int j = 0; j < n; j++) g_stats.flops += 2.0 * jobs[j].T * jobs[j].W->rows * jobs[j].W->cols;
 }
 
 static void run_pass(const q3_mm_job *jobs, int n) {

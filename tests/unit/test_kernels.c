@@ -100,6 +100,19 @@ static void test_matmul(void) {
         check_matmul(Q3_F32, 49, 21, 96);
         check_matmul(Q3_F16, 33, 9, 160);
         check_matmul(Q3_BF16, 5, 10, 8448); /* K past the tokens-in-lanes limit: few-token kernel */
+        /* Tokens-in-lanes BF16 kernels: 1, 2 and 3 token vectors, partial
+         * tiles and stages, remainder tokens (with a reduction of 16 pairs
+         * past the last 32), a hidden-sized reduction. */
+        check_matmul(Q3_BF16, 2, 21, 64);
+        check_matmul(Q3_BF16, 7, 22, 112);
+        check_matmul(Q3_BF16, 12, 9, 48);
+        check_matmul(Q3_BF16, 14, 9, 48);
+        check_matmul(Q3_BF16, 20, 19, 112);
+        check_matmul(Q3_BF16, 44, 11, 80);
+        check_matmul(Q3_BF16, 16, 16, 96);
+        check_matmul(Q3_BF16, 17, 37, 160);
+        check_matmul(Q3_BF16, 33, 13, 128);
+        check_matmul(Q3_BF16, 48, 29, 2048);
     }
     q3_kernels_force(Q3_ISA_COUNT - 1);
 }
@@ -179,6 +192,21 @@ static void test_strided(void) {
         double worst = 0;
         for (int i = 0; i < t * M; i++) worst = fmax(worst, fabs(a[i] - b[i]));
         CHECK(worst < 1e-5);
+    }
+    /* Rows a stride apart (a slice of wider rows), in every token kernel. */
+    enum { KS = 64, KW = 80, MW = 24 };
+    uint16_t wb[MW * KW], wc[MW * KS];
+    float xw[40 * KS], c[40 * MW], d[40 * MW];
+    for (int i = 0; i < MW * KW; i++) wb[i] = q3_f32_to_bf16(frand());
+    for (int r = 0; r < MW; r++) memcpy(wc + r * KS, wb + r * KW, KS * sizeof *wc);
+    for (int i = 0; i < 40 * KS; i++) xw[i] = frand();
+    const int ts[] = {1, 5, 20, 40};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        q3_mat Ws = {.data = wb, .dtype = Q3_BF16, .rows = MW, .cols = KS, .rs = KW};
+        q3_mat Wc = {.data = wc, .dtype = Q3_BF16, .rows = MW, .cols = KS};
+        q3_matmul(c, xw, ts[i], &Ws);
+        q3_matmul(d, xw, ts[i], &Wc);
+        CHECK(memcmp(c, d, (size_t)ts[i] * MW * sizeof(float)) == 0);
     }
 }
 
