@@ -4,8 +4,9 @@
  *   build/kernel_bench mx [rows cols reps]
  * Decode MoE passes (8 of E MXFP4 A8 experts per token, gate+up then down):
  *   build/kernel_bench moe [experts hidden ffn tokens]
- * Causal prefill attention of one layer (default: Qwen3-30B-A3B heads;
- * Q3MOE_ISA=NAME runs only that ISA):
+ * Causal prefill attention of one layer, then decode steps at its end
+ * (default: Qwen3-30B-A3B heads; Q3MOE_ISA=NAME runs only that ISA;
+ * Q3_BENCH_DECODE_ONLY=1 skips the prefill):
  *   build/kernel_bench attn [positions heads kv_heads head_dim reps] */
 #include <omp.h>
 #include <stdint.h>
@@ -179,12 +180,23 @@ static int attn_bench(int P, int H, int KVH, int D, int reps) {
         double best = 1e30;
         for (int r = 0; r < reps; r++) {
             double t0 = omp_get_wtime();
-            for (int c0 = 0; c0 < P; c0 += CHUNK) q3_attention(out, q, P - c0 < CHUNK ? P - c0 : CHUNK, c0, &L, scratch);
+            for (int c0 = 0; c0 < P && !getenv("Q3_BENCH_DECODE_ONLY"); c0 += CHUNK) q3_attention(out, q, P - c0 < CHUNK ? P - c0 : CHUNK, c0, &L, scratch);
             double t1 = omp_get_wtime();
             if (t1 - t0 < best) best = t1 - t0;
         }
-        printf("%-10s attention prefill P=%d heads %d/%d dim %d: %.1f ms per layer, %.1f GFLOP/s  (threads %d)\n",
+        if (!getenv("Q3_BENCH_DECODE_ONLY"))
+            printf("%-10s attention prefill P=%d heads %d/%d dim %d: %.1f ms per layer, %.1f GFLOP/s  (threads %d)\n",
                q3_isa_name(q3_kernels_isa()), P, H, KVH, D, best * 1e3, flops / best / 1e9, omp_get_max_threads());
+        /* Decode: one query at each of the last 64 positions. */
+        best = 1e30;
+        for (int r = 0; r < reps; r++) {
+            double t0 = omp_get_wtime();
+            for (int pos = P - 64; pos < P; pos++) q3_attention(out, q, 1, pos, &L, scratch);
+            double t1 = omp_get_wtime();
+            if (t1 - t0 < best) best = t1 - t0;
+        }
+        printf("%-10s attention decode at position %d: %.1f us per layer and token, %.1f GB/s of K/V\n", q3_isa_name(q3_kernels_isa()),
+               P - 32, best / 64 * 1e6, 2.0 * (P - 32) * kvs * 4 / (best / 64) / 1e9);
     }
     free(k), free(v), free(q), free(out), free(scratch);
     return 0;

@@ -139,6 +139,7 @@ def test_decode(report, model):
     assert d["weight_bytes_per_token"] == expected_decode_bytes(model)
     assert d["fixed_bytes_per_token"] + d["expert_bytes_per_token"] == d["weight_bytes_per_token"]
     assert d["gbs"] == pytest.approx(d["weight_bytes_per_token"] / d["ms_p50"] / 1e6, rel=1e-9)
+    assert 0 < d["matmul_ms_per_token"] <= d["ms_p99"] and 0 < d["matmul_time_share"] <= 1
     assert d["pct_membw"] == pytest.approx(100 * d["gbs"] / r["membw"]["best_gbs"], rel=1e-9)
     # mean K/V cache read over positions DEPTH .. DEPTH+STEPS-1 (fp32 cache)
     kv = sum(2 * L * (DEPTH + i + 1) * KVD * F32 for i in range(STEPS)) / STEPS

@@ -123,7 +123,7 @@ int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P
 }
 
 int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int depth, int n, int reps, double *ms,
-                     uint64_t *hits_delta) {
+                     uint64_t *hits_delta, q3_matmul_stats *mm) {
     const q3_model *m = &se->model;
     q3_state *s = &se->state;
     const q3_config *c = &m->cfg;
@@ -131,9 +131,11 @@ int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int de
     uint64_t *before = nh ? q3_malloc(nh * sizeof *before) : NULL;
     if (nh) memset(hits_delta, 0, nh * sizeof *hits_delta);
     int rc = 0;
+    *mm = (q3_matmul_stats){0, 0};
     for (int r = 0; rc == 0 && r < reps; r++) {
         q3_state_reset(s);
         if (depth > 0 && q3_forward(m, s, ids, depth, NULL, 0)) rc = -1;
+        q3_matmul_stats_reset();
         if (nh && s->expert_hits) memcpy(before, s->expert_hits, nh * sizeof *before);
         double sum = 0;
         for (int i = 0; rc == 0 && i < n; i++) {
@@ -143,6 +145,8 @@ int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int de
             ms[(size_t)r * n + i] = now_ms() - t0;
             sum += ms[(size_t)r * n + i];
         }
+        const q3_matmul_stats st = q3_matmul_stats_get();
+        mm->seconds += st.seconds, mm->flops += st.flops;
         if (rc == 0 && nh && s->expert_hits)
             for (size_t k = 0; k < nh; k++) hits_delta[k] += s->expert_hits[k] - before[k];
         if (rc == 0) bench_log("decode at depth %d, rep %d/%d: %d steps, mean %.2f ms/token\n", depth, r + 1, reps, n, sum / n);

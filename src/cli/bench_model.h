@@ -49,8 +49,9 @@ int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P
  * the sampled tokens, so every run sees the same tokens. hits_delta
  * ([layers][experts], zeroed here) receives the experts routed to during
  * the timed steps only. state.expert_hits must be allocated for MoE models. */
+/* mm: the matmul time and flops of the timed steps. */
 int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int depth, int n, int reps, double *ms,
-                     uint64_t *hits_delta);
+                     uint64_t *hits_delta, q3_matmul_stats *mm);
 
 /* Linear-interpolated percentile (0..100) of n values (sorted in place). */
 double bench_percentile(double *v, int n, double pct);

@@ -115,6 +115,8 @@ void bench_print_table(FILE *f, const bench_results *r) {
         else
             fprintf(f, "  weight bytes/token: %.2f MB (attention, norms, MLP, lm_head, 1 embedding row)\n", d->fixed_bytes / 1e6);
         fprintf(f, "  KV cache read: %.2f MB/token on average (not included above)\n", d->kv_bytes / 1e6);
+        fprintf(f, "  matmuls: %.2f ms/token on average, %.1f %% of the step; the weights at %.2f GB/s inside them\n", d->mm_ms,
+                100.0 * d->mm_share, d->mm_ms > 0 ? d->weight_bytes / (d->mm_ms * 1e6) : 0);
     }
     const bench_ttft *t = &r->ttft;
     if (t->ran) {
@@ -257,6 +259,8 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "expert_reads_per_token", d->expert_hits_per_token);
             set_num(o, "kv_bytes_per_token", d->kv_bytes);
             set_num(o, "gbs", d->gbs);
+            set_num(o, "matmul_ms_per_token", d->mm_ms);
+            set_num(o, "matmul_time_share", d->mm_share);
             if (r->membw.ran) set_num(o, "pct_membw", pct(d->gbs, r->membw.best_gbs));
             else json_object_set_new(o, "pct_membw", json_null());
         } else json_object_set_new(root, "decode", json_null());

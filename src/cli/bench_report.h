@@ -32,6 +32,8 @@ typedef struct {
     double expert_hits_per_token;   /* experts read per token, all layers */
     double kv_bytes;                /* K/V cache read per token, mean over the timed steps */
     double gbs;                     /* weight_bytes / p50 */
+    double mm_ms;                   /* mean time per step inside matmuls */
+    double mm_share;                /* mm_ms / mean step time */
 } bench_decode_result;
 
 typedef struct {

@@ -183,7 +183,8 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
     if (rc == 0 && n_dec > 0) {
         bench_decode_result *d = &r->decode;
         if (r->comm_stats) bench_comm_begin(&r->decode_comm, &s->state, "decode", c->num_layers);
-        rc = bench_run_decode(s, smp, ids, (int)depth, (int)n_dec, (int)reps, ms, delta);
+        q3_matmul_stats mm;
+        rc = bench_run_decode(s, smp, ids, (int)depth, (int)n_dec, (int)reps, ms, delta, &mm);
         const int total = (int)(n_dec * reps);
         if (r->comm_stats) bench_comm_end(&r->decode_comm, &s->state, rc ? 0 : sum_ms(ms, total) / 1e3, (double)total);
         if (rc == 0) {
@@ -205,6 +206,8 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
             for (int i = 0; i < n_dec; i++) kv += bench_kv_bytes(c, (int)depth + i);
             d->kv_bytes = kv / (double)n_dec;
             d->gbs = d->weight_bytes / (d->p50 * 1e6);
+            d->mm_ms = mm.seconds * 1e3 / total;
+            d->mm_share = mm.seconds * 1e3 / sum_ms(ms, total);
         }
     }
     r->rss_kb = peak_rss_kb();

@@ -110,6 +110,25 @@ static void decode(const q3_isa_kernels *K, float *out, const float *q, int pos,
     const int nb = (n + Q3_ATT_BLOCK - 1) / Q3_ATT_BLOCK;
     const float scale = 1.0f / sqrtf((float)D);
     const size_t rec = (size_t)D + 2; /* per (head, block): m, l, o[D] */
+    if (K->att_decode && D % 16 == 0 && D <= 256) {
+        /* The g query heads of a KV head together: each key and value
+         * block is loaded for all of them while it is in cache. */
+        const int KVH = L->n_kv_heads;
+#pragma omp parallel for collapse(2) schedule(static) if (n > Q3_ATT_BLOCK)
+        for (int kvh = 0; kvh < KVH; kvh++)
+            for (int b = 0; b < nb; b++) {
+                float *st = scratch + ((size_t)kvh * group * nb + b) * rec;
+                for (int h = 0; h < group; h++) {
+                    float *r = st + (size_t)h * nb * rec;
+                    r[0] = -INFINITY, r[1] = 0;
+                    memset(r + 2, 0, (size_t)D * sizeof(float));
+                }
+                const int j0 = b * Q3_ATT_BLOCK, nk = n - j0 < Q3_ATT_BLOCK ? n - j0 : Q3_ATT_BLOCK;
+                const size_t off = (size_t)j0 * L->kv_stride + (size_t)kvh * D;
+                K->att_decode(q + (size_t)kvh * group * D, group, L->k + off, L->v + off, L->kv_stride, nk, D, scale, st,
+                              (size_t)nb * rec);
+            }
+    } else
 #pragma omp parallel for collapse(2) schedule(static) if (n > Q3_ATT_BLOCK)
     for (int h = 0; h < H; h++)
         for (int b = 0; b < nb; b++) {

@@ -8,7 +8,9 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
+#include "kernels/attention.h"
 #include "kernels/isa.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -255,7 +257,121 @@ static void att_softmax(float *S, int nk, int R, float scale, const float *lim, 
     }
 }
 
+/* ---- Decode attention (isa.h att_decode) ---- */
+
+/* Lane i of the result: the sum of the 16 lanes of a[(i % 4) * 4 + i / 4]
+ * (a transposed tree of adds: 15 shuffle pairs for 16 dot products instead
+ * of a full reduction each). */
+INLINE __m512 hsum16(const __m512 *a) {
+    __m512 b[8], c[4];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    const __m512 e01 = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+    const __m512 e23 = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
+    return _mm512_add_ps(_mm512_shuffle_ps(e01, e23, 0x44), _mm512_shuffle_ps(e01, e23, 0xEE));
+}
+
+/* One head: scores of 16 keys at a time (the query in NV registers, 16
+ * independent dot products, one transposed reduction), the block's softmax
+ * with exp_neg16, then o += p_j * v_j with o in registers (two sets of
+ * accumulators for even and odd keys). */
+INLINE void att_decode_head(const float *q, const float *k, const float *v, size_t stride, int nk, float scale, float *st,
+                            const int NV) {
+    float s[Q3_ATT_BLOCK] __attribute__((aligned(64)));
+    __m512 qv[16];
+#pragma GCC unroll 16
+    for (int d = 0; d < 16; d++) qv[d] = d < NV ? _mm512_loadu_ps(q + 16 * d) : _mm512_setzero_ps(); /* see o0 below */
+    __m512 mx = _mm512_set1_ps(st[0]);
+    for (int j0 = 0; j0 < nk; j0 += 16) {
+        const int n = nk - j0 < 16 ? nk - j0 : 16;
+        __m512 a[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) {
+            const float *kj = k + (size_t)(j0 + (j < n ? j : n - 1)) * stride; /* past nk: masked below */
+            __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+#pragma GCC unroll 16
+            for (int d = 1; d < NV; d++) acc = _mm512_fmadd_ps(qv[d], _mm512_loadu_ps(kj + 16 * d), acc);
+            a[(j & 3) * 4 + (j >> 2)] = acc;
+        }
+        const __mmask16 valid = (__mmask16)((1u << n) - 1);
+        const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, _mm512_mul_ps(hsum16(a), _mm512_set1_ps(scale)));
+        _mm512_store_ps(s + j0, sv);
+        mx = _mm512_max_ps(mx, sv);
+    }
+    const float m = _mm512_reduce_max_ps(mx);
+    const __m512 mv = _mm512_set1_ps(m);
+    const float corr = _mm512_cvtss_f32(exp_neg16(_mm512_sub_ps(_mm512_set1_ps(st[0]), mv))); /* -inf at first: 0 */
+    __m512 sum = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < nk; j0 += 16) {
+        const __m512 p = exp_neg16(_mm512_sub_ps(_mm512_load_ps(s + j0), mv));
+        _mm512_store_ps(s + j0, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    st[1] = st[1] * corr + _mm512_reduce_add_ps(sum);
+    st[0] = m;
+    __m512 o0[16], o1[16];
+    const __m512 cv = _mm512_set1_ps(corr);
+#pragma GCC unroll 16
+    for (int d = 0; d < 16; d++) /* all 16 set: with a run-time NV the compiler cannot see which are used */
+        o0[d] = d < NV ? _mm512_mul_ps(_mm512_loadu_ps(st + 2 + 16 * d), cv) : _mm512_setzero_ps(), o1[d] = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 1 < nk; j += 2) {
+        const float *v0 = v + (size_t)j * stride, *v1 = v0 + stride;
+        const __m512 p0 = _mm512_set1_ps(s[j]), p1 = _mm512_set1_ps(s[j + 1]);
+#pragma GCC unroll 16
+        for (int d = 0; d < NV; d++) {
+            o0[d] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * d), o0[d]);
+            o1[d] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * d), o1[d]);
+        }
+    }
+    if (j < nk) {
+        const __m512 p0 = _mm512_set1_ps(s[j]);
+#pragma GCC unroll 16
+        for (int d = 0; d < NV; d++) o0[d] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v + (size_t)j * stride + 16 * d), o0[d]);
+    }
+#pragma GCC unroll 16
+    for (int d = 0; d < NV; d++) _mm512_storeu_ps(st + 2 + 16 * d, _mm512_add_ps(o0[d], o1[d]));
+}
+
+/* Keys per sub-block: their K and V rows, copied together, stay in L1
+ * while every query head of the group reads them. In the cache a key's
+ * row of one KV head is a slice of a longer row (all KV heads), and
+ * those slices, 2 KiB apart for Qwen3-30B-A3B, fall into a quarter of
+ * L1's sets: read in place, they were refetched from L2 for every head. */
+enum { DEC_SUB = 32 };
+
+static void att_decode(const float *q, int g, const float *k, const float *v, size_t stride, int nk, int D, float scale,
+                       float *state, size_t sstride) {
+    static _Thread_local float kb[DEC_SUB * 256] __attribute__((aligned(64))), vb[DEC_SUB * 256] __attribute__((aligned(64)));
+    for (int j0 = 0; j0 < nk; j0 += DEC_SUB) {
+        const int n = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
+        for (int j = 0; j < n; j++) {
+            memcpy(kb + (size_t)j * D, k + (size_t)(j0 + j) * stride, (size_t)D * sizeof(float));
+            memcpy(vb + (size_t)j * D, v + (size_t)(j0 + j) * stride, (size_t)D * sizeof(float));
+        }
+        /* The next sub-block's rows, spread over the heads: the copies
+         * above otherwise wait on DRAM row by row. */
+        const int per = (DEC_SUB + g - 1) / g;
+        for (int h = 0; h < g; h++) {
+            for (int j = j0 + DEC_SUB + h * per; j < j0 + DEC_SUB + (h + 1) * per && j < nk; j++)
+                for (int d = 0; d < D; d += 16) {
+                    _mm_prefetch((const char *)(k + (size_t)j * stride + d), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(v + (size_t)j * stride + d), _MM_HINT_T1);
+                }
+            const float *qh = q + (size_t)h * D;
+            float *st = state + (size_t)h * sstride;
+            if (D == 128) att_decode_head(qh, kb, vb, (size_t)D, n, scale, st, 8);
+            else if (D == 64) att_decode_head(qh, kb, vb, (size_t)D, n, scale, st, 4);
+            else att_decode_head(qh, kb, vb, (size_t)D, n, scale, st, D / 16);
+        }
+    }
+}
+
 const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
-    .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc};
+    .att_decode = att_decode, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc};
 #pragma GCC pop_options

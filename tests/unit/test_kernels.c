@@ -254,12 +254,12 @@ static void test_attention(void) {
     free(k), free(v), free(q), free(out), free(scratch);
 }
 
-/* Decode over a long context (the keys split into blocks across threads,
- * merged in a fixed order): one query against 1100 keys, every ISA, against
- * double precision. */
-static void test_attention_long_decode(void) {
-    enum { H = 4, KVH = 2, D = 24, N = 1100 };
-    const size_t kvs = KVH * D;
+/* Decode (one query; the keys split into blocks across threads, merged in
+ * a fixed order) against double precision, every ISA: head dims that take
+ * the per-key path (24) and the GQA block kernels (48, 64, 128), a block
+ * that ends mid-vector, one key, and a long context. */
+static void check_decode(int H, int KVH, int D, int N) {
+    const size_t kvs = (size_t)KVH * D;
     float *k = malloc(N * kvs * sizeof(float)), *v = malloc(N * kvs * sizeof(float));
     float *q = malloc((size_t)H * D * sizeof(float)), *out = malloc((size_t)H * D * sizeof(float));
     float *scratch = malloc(q3_attention_scratch(H, D, N) * sizeof(float));
@@ -267,6 +267,7 @@ static void test_attention_long_decode(void) {
     for (size_t i = 0; i < N * kvs; i++) k[i] = frand() * 3, v[i] = frand();
     for (size_t i = 0; i < (size_t)H * D; i++) q[i] = frand();
     const q3_attn_layer L = {H, KVH, D, kvs, k, v};
+    const int g = H / KVH;
     for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
@@ -276,14 +277,14 @@ static void test_attention_long_decode(void) {
             double mx = -1e300, z = 0;
             for (int j = 0; j < N; j++) {
                 double d = 0;
-                for (int i = 0; i < D; i++) d += (double)q[h * D + i] * k[j * kvs + (h / 2) * D + i];
+                for (int i = 0; i < D; i++) d += (double)q[h * D + i] * k[j * kvs + (h / g) * D + i];
                 sc[j] = d / sqrt(D);
                 mx = fmax(mx, sc[j]);
             }
             for (int j = 0; j < N; j++) z += (sc[j] = exp(sc[j] - mx));
             for (int i = 0; i < D; i++) {
                 double o = 0;
-                for (int j = 0; j < N; j++) o += sc[j] / z * v[j * kvs + (h / 2) * D + i];
+                for (int j = 0; j < N; j++) o += sc[j] / z * v[j * kvs + (h / g) * D + i];
                 worst = fmax(worst, fabs(o - out[h * D + i]));
             }
         }
@@ -291,6 +292,15 @@ static void test_attention_long_decode(void) {
     }
     q3_kernels_force(Q3_ISA_COUNT - 1);
     free(k), free(v), free(q), free(out), free(scratch), free(sc);
+}
+
+static void test_attention_decode(void) {
+    check_decode(4, 2, 24, 1100);
+    check_decode(32, 4, 128, 1100);
+    check_decode(32, 4, 128, 1);
+    check_decode(32, 4, 128, 141);
+    check_decode(8, 1, 64, 300);
+    check_decode(6, 3, 48, 77);
 }
 
 /* Prefill tiles across shapes: head_dim 24/48/64/128, GQA ratios 1, 2, 8,
@@ -407,7 +417,7 @@ int main(void) {
     test_strided();
     test_mx_matmul();
     test_attention();
-    test_attention_long_decode();
+    test_attention_decode();
     test_attention_tiles();
     test_rmsnorm_softmax_swiglu();
     test_rope_rotate_half();
