@@ -1,7 +1,8 @@
 /* Kernel micro-benchmark: GEMV bandwidth (one token, BF16 weights) and GEMM
  * GFLOP/s per ISA. Usage: build/kernel_bench [rows cols tokens reps]
- * MX GEMV (MXFP4 / MXFP8 weights, fp32 and A8 inputs) per ISA:
- *   build/kernel_bench mx [rows cols reps]
+ * MX GEMV (MXFP4 / MXFP8 weights, fp32 and A8 inputs) and a GEMM of
+ * `tokens` (default 32, at most 48) per ISA:
+ *   build/kernel_bench mx [rows cols reps tokens]
  * Decode MoE passes (8 of E MXFP4 A8 experts per token, gate+up then down):
  *   build/kernel_bench moe [experts hidden ffn tokens]
  * Causal prefill attention of one layer, then decode steps at its end
@@ -49,12 +50,13 @@ static double read_time(const void *p, size_t n, int reps) {
     return best;
 }
 
-static int mx_bench(int M, int K, int reps) {
+static int mx_bench(int M, int K, int reps, int T) {
     float *row = malloc((size_t)K * 4), *x = malloc((size_t)K * 4), *out = malloc((size_t)M * 4 * 32);
     for (int k = 0; k < K; k++) x[k] = (float)((k * 40503u) % 1000) / 500.0f - 1.0f;
     if (q3_mx_fake_quant_row(Q3_MXFP8, x, (size_t)K, x)) return 1;
-    float *xs = malloc((size_t)32 * K * 4);
-    for (int t = 0; t < 32; t++)
+    if (T < 1 || T > 48) T = 32;
+    float *xs = malloc((size_t)T * K * 4);
+    for (int t = 0; t < T; t++)
         for (int k = 0; k < K; k++) xs[(size_t)t * K + k] = x[(k + 32 * t) % K];
     for (int f = 0; f < 2; f++) {
         const q3_dtype dt = f ? Q3_MXFP8 : Q3_MXFP4;
@@ -81,8 +83,8 @@ static int mx_bench(int M, int K, int reps) {
                        "bytes)\n",
                        q3_isa_name(q3_kernels_isa()), dt == Q3_MXFP4 ? "MXFP4" : "MXFP8", a8 ? " A8" : "   ", M, K, best * 1e3,
                        (double)M * K / best / 1e9, (double)M * (eb + sb) / best / 1e9, 100 * rd / best);
-                /* An expert-sized GEMM: 32 tokens over the first rows. */
-                const int T = 32, Mg = M < 1536 ? M : 1536;
+                /* An expert-sized GEMM: T tokens over the first rows. */
+                const int Mg = M < 1536 ? M : 1536;
                 q3_mat Wg = W;
                 Wg.rows = Mg;
                 best = 1e30;
@@ -210,7 +212,8 @@ int main(int argc, char **argv) {
         return moe_bench(argc > 2 ? atoi(argv[2]) : 128, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 768,
                          argc > 5 ? atoi(argv[5]) : 200);
     if (argc > 1 && !strcmp(argv[1], "mx"))
-        return mx_bench(argc > 2 ? atoi(argv[2]) : 65536, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 10);
+        return mx_bench(argc > 2 ? atoi(argv[2]) : 65536, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 10,
+                        argc > 5 ? atoi(argv[5]) : 32);
     int M = argc > 1 ? atoi(argv[1]) : 151936, K = argc > 2 ? atoi(argv[2]) : 2048;
     int T = argc > 3 ? atoi(argv[3]) : 64, reps = argc > 4 ? atoi(argv[4]) : 10;
     uint16_t *w = malloc((size_t)M * K * 2);

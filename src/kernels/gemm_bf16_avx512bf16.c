@@ -23,23 +23,15 @@
 #include <stdint.h>
 
 #include "kernels/isa.h"
+#include "kernels/lane_rem.h"
 #include "kernels/lane_store.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* Tokens left over after whole vectors of 16: up to REM_MAX of them are
- * computed with the reduction in the lanes instead (rem_dot), at about 60 %
- * of a full lane's rate per token but without padding a vector of 16 (a
- * 17-token expert wasted 47 % of its lanes; 20 % of a 512-token prefill's
- * expert lanes were padding). Past 9 tokens a padded vector is faster
- * (kernel_bench, T = 24 and 28). */
+/* Remainder tokens (lane_rem.h) up to 9: two parts per input make the
+ * lane kernel's padding as costly as the row reductions' overhead only
+ * past that (kernel_bench: T = 24 gained, T = 28 lost). */
 enum { REM_MAX = 9 };
-
-/* Token vectors and remainder tokens for T tokens. */
-static inline void split_tokens(int T, int *tv, int *rem) {
-    *tv = T / 16, *rem = T % 16;
-    if (*rem > REM_MAX) ++*tv, *rem = 0;
-}
 
 /* hi[k / 2] and lo[k / 2]: x[0 .. K) as bf16 pairs, x = hi + lo. */
 static void split_row(uint32_t *hi, uint32_t *lo, const float *x, int K) {
@@ -58,7 +50,7 @@ static void split_row(uint32_t *hi, uint32_t *lo, const float *x, int K) {
  * of K words (K % 16 == 0). */
 void q3_avx512bf16_bf16_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, uint32_t *row) {
     int tv, rem;
-    split_tokens(T, &tv, &rem);
+    q3_split_tokens(T, REM_MAX, &tv, &rem);
     const int TL = 16 * tv, np = K / 2;
     for (int t = 0; t < TL; t++) {
         if (t < T) split_row(row, row + np, x + (size_t)t * ldx, K);
@@ -120,40 +112,6 @@ INLINE void tile(float *stage, int ts, const uint32_t *ap, int np, const uint32_
         for (int tb = 0; tb < TB; tb++) _mm512_storeu_ps(stage + (size_t)r * ts + 16 * tb, _mm512_add_ps(hacc[r][tb], lacc[r][tb]));
 }
 
-/* stage[r * ts + j] for r < 4, j < NT: the dot products of 4 weight rows
- * with NT remainder token rows xr (hi and lo pairs, K words per token), 16
- * pairs per step (a masked tail when K % 32 == 16); hi and lo in separate
- * accumulators, as in tile. */
-INLINE void rem_dot(float *stage, int ts, const uint32_t *xr, int np, const uint32_t *const *w32, const int NT) {
-    __m512 acc[4][3][2];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-#pragma GCC unroll 3
-        for (int j = 0; j < NT; j++) acc[r][j][0] = acc[r][j][1] = _mm512_setzero_ps();
-    for (int i = 0; i < np; i += 16) {
-        const __mmask16 m = np - i >= 16 ? 0xFFFF : (__mmask16)((1u << (np - i)) - 1);
-        __m512bh h[3], l[3];
-#pragma GCC unroll 3
-        for (int j = 0; j < NT; j++) {
-            h[j] = (__m512bh)_mm512_maskz_loadu_epi32(m, xr + (size_t)j * 2 * np + i);
-            l[j] = (__m512bh)_mm512_maskz_loadu_epi32(m, xr + (size_t)j * 2 * np + np + i);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            const __m512bh w = (__m512bh)_mm512_maskz_loadu_epi32(m, w32[r] + i);
-#pragma GCC unroll 3
-            for (int j = 0; j < NT; j++) {
-                acc[r][j][0] = _mm512_dpbf16_ps(acc[r][j][0], w, h[j]);
-                acc[r][j][1] = _mm512_dpbf16_ps(acc[r][j][1], w, l[j]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-#pragma GCC unroll 3
-        for (int j = 0; j < NT; j++) stage[(size_t)r * ts + j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][j][0], acc[r][j][1]));
-}
-
 /* Rows per tile: 8 with at most one token vector, 4 with two or three (the
  * accumulators, 2 * ROWS * TB, must leave registers for the inputs). */
 INLINE void gemm_tb(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, const int TB,
@@ -172,14 +130,7 @@ INLINE void gemm_tb(float *out, size_t ldo, const uint32_t *ap, int T, const q3_
         float *st = stage + (size_t)at * ts;
         if (TB) tile(st, ts, ap, np, w32, ROWS, TB, next, nbytes);
         else _mm_prefetch(next, _MM_HINT_T0);
-        for (int r = 0; r < ROWS; r += 4)
-            for (int j = 0; j < rem; j += 3) {
-                float *sj = st + (size_t)r * ts + 16 * TB + j;
-                const uint32_t *xj = xr + (size_t)j * 2 * np;
-                if (rem - j >= 3) rem_dot(sj, ts, xj, np, w32 + r, 3);
-                else if (rem - j == 2) rem_dot(sj, ts, xj, np, w32 + r, 2);
-                else rem_dot(sj, ts, xj, np, w32 + r, 1);
-            }
+        for (int r = 0; r < ROWS; r += 4) q3_rem_dots(st + (size_t)r * ts + 16 * TB, ts, xr, rem, np, w32 + r, 2);
         if (at + ROWS == Q3_STAGE_ROWS || rg + ROWS >= r1) /* a full stage, or the last rows */
             q3_lane_store(out + (rg - r0 - at), ldo, stage, ts, T, at + R);
     }
@@ -187,7 +138,7 @@ INLINE void gemm_tb(float *out, size_t ldo, const uint32_t *ap, int T, const q3_
 
 void q3_avx512bf16_gemm_bf16(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1) {
     int tv, rem;
-    split_tokens(T, &tv, &rem);
+    q3_split_tokens(T, REM_MAX, &tv, &rem);
     if (tv == 0) gemm_tb(out, ldo, ap, T, W, r0, r1, 0, rem);
     else if (tv == 1) gemm_tb(out, ldo, ap, T, W, r0, r1, 1, rem);
     else if (tv == 2) gemm_tb(out, ldo, ap, T, W, r0, r1, 2, rem);

@@ -64,9 +64,10 @@ typedef struct {
     void (*a8_prep)(uint16_t *xb, const float *x, int K, q3_dtype wt);
     void (*gemv_a8)(float *out, const uint16_t *xb, const q3_mat *W, int r0, int r1);
     /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (K <= Q3_LANE_KMAX):
-     * a8_pack_act writes the T input rows as a panel of bf16 pairs
-     * ap[K/2][TP] (TP = T rounded up to 16, pairs in gemv_a8's element
-     * order, padding tokens zero; row: scratch of K words); gemm_a8 computes
+     * a8_pack_act writes the T input rows as bf16 pairs in gemv_a8's
+     * element order, at most K/2 * TP words (TP = T rounded up to 16): a
+     * lane panel for whole vectors of 16 tokens and rows for the rest
+     * (lane_rem.h; row: scratch of K words); gemm_a8 computes
      * out[t][r] for r in [r0, r1), t < T, from it, with the block scales
      * folded into the bf16 weights (wbuf: scratch of 8 * K words). It
      * returns 0, computing nothing, when a scale of these rows is outside

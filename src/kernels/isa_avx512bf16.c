@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "kernels/isa.h"
+#include "kernels/lane_rem.h"
 #include "kernels/lane_store.h"
 #include "quant/mx.h"
 
@@ -218,13 +219,23 @@ static void gemv_a8(float *out, const uint16_t *xb, const q3_mat *W, int r0, int
  * result stays a normal bf16, which the scale range check guarantees), so
  * the inner loop is one broadcast and TB dot products per weight pair. */
 
+/* Remainder tokens (lane_rem.h) up to 3: with one part per input the row
+ * reductions beat padding only for a few tokens (kernel_bench mx: T = 17
+ * gained 14 %, T = 20 was even, T = 24 lost 15 %). */
+enum { A8_REM_MAX = 3 };
+
+/* Lane part ap[K/2][TL] (TL = 16 token vectors, lanes past T zero), then
+ * the remainder tokens (lane_rem.h) as rows of K/2 pairs. */
 static void a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *row) {
-    const int TP = (T + 15) & ~15, np = K / 2;
+    int tv, rem;
+    q3_split_tokens(T, A8_REM_MAX, &tv, &rem);
+    const int TL = 16 * tv, np = K / 2;
     const uint32_t *r32 = (const uint32_t *)row;
-    for (int t = 0; t < TP; t++) {
+    for (int t = 0; t < TL; t++) {
         if (t < T) a8_prep(row, x + (size_t)t * ldx, K, wt);
-        for (int i = 0; i < np; i++) ap[(size_t)i * TP + t] = t < T ? r32[i] : 0;
+        for (int i = 0; i < np; i++) ap[(size_t)i * TL + t] = t < T ? r32[i] : 0;
     }
+    for (int j = 0; j < rem; j++) a8_prep((uint16_t *)(ap + (size_t)np * TL + (size_t)j * np), x + (size_t)(TL + j) * ldx, K, wt);
 }
 
 /* Scale codes whose folded elements stay normal bf16 numbers: E2M1 values
@@ -281,8 +292,8 @@ static void decode_row(uint16_t *dst, const q3_mat *W, int r) {
     }
 }
 
-/* stage[r * 16 * TB + t] for r < 8, t < 16 * TB, from 8 decoded rows wb[r * K ..]. */
-INLINE void tile8(float *stage, const uint32_t *ap, int K, const uint16_t *wb, int TB) {
+/* stage[r * ts + t] for r < 8, t < 16 * TB, from 8 decoded rows wb[r * K ..]. */
+INLINE void tile8(float *stage, int ts, const uint32_t *ap, int K, const uint16_t *wb, int TB) {
     const int TP = 16 * TB, np = K / 2;
     const uint32_t *w32 = (const uint32_t *)wb;
     __m512 acc[8][3];
@@ -307,24 +318,29 @@ INLINE void tile8(float *stage, const uint32_t *ap, int K, const uint16_t *wb, i
     for (int r = 0; r < 8; r++)
 #pragma GCC unroll 3
         for (int tb = 0; tb < 3; tb++)
-            if (tb < TB) _mm512_storeu_ps(stage + (size_t)r * TP + 16 * tb, acc[r][tb]);
+            if (tb < TB) _mm512_storeu_ps(stage + (size_t)r * ts + 16 * tb, acc[r][tb]);
 }
 
 static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
     pthread_once(&g_once, init_tables);
     if (!scales_foldable(W, r0, r1)) return 0;
-    const int K = W->cols, TB = (T + 15) / 16;
+    int TB, rem;
+    q3_split_tokens(T, A8_REM_MAX, &TB, &rem);
+    const int K = W->cols, np = K / 2, ts = 16 * TB + rem;
+    const uint32_t *xr = ap + (size_t)np * 16 * TB, *w32 = (const uint32_t *)wbuf;
+    const uint32_t *rows[8] = {w32, w32 + np, w32 + 2 * np, w32 + 3 * np, w32 + 4 * np, w32 + 5 * np, w32 + 6 * np, w32 + 7 * np};
     float stage[Q3_STAGE_ROWS * 48] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += 8) {
         const int R = r1 - rg < 8 ? r1 - rg : 8, at = (rg - r0) % Q3_STAGE_ROWS;
         for (int r = 0; r < 8; r++) /* rows past R repeat the last one; their results are dropped */
             decode_row(wbuf + (size_t)r * K, W, rg + (r < R ? r : R - 1));
-        float *st = stage + (size_t)at * 16 * TB;
-        if (TB == 1) tile8(st, ap, K, wbuf, 1);
-        else if (TB == 2) tile8(st, ap, K, wbuf, 2);
-        else tile8(st, ap, K, wbuf, 3);
+        float *st = stage + (size_t)at * ts;
+        if (TB == 1) tile8(st, ts, ap, K, wbuf, 1);
+        else if (TB == 2) tile8(st, ts, ap, K, wbuf, 2);
+        else if (TB == 3) tile8(st, ts, ap, K, wbuf, 3);
+        for (int r = 0; r < 8; r += 4) q3_rem_dots(st + (size_t)r * ts + 16 * TB, ts, xr, rem, np, rows + r, 1);
         if (at + 8 == Q3_STAGE_ROWS || rg + 8 >= r1) /* a full stage, or the last rows */
-            q3_lane_store(out + (rg - r0 - at), ldo, stage, 16 * TB, T, at + R);
+            q3_lane_store(out + (rg - r0 - at), ldo, stage, ts, T, at + R);
     }
     return 1;
 }
