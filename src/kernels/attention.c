@@ -105,29 +105,58 @@ static void prefill(const q3_isa_kernels *K, float *out, const float *q, int T, 
                      scratch + (size_t)omp_get_thread_num() * ws);
 }
 
+/* Decode attention with an att_decode kernel: the g query heads of KV head
+ * kvh over key block b, in sub-blocks of DEC_SUB keys whose K and V rows
+ * are copied out together and stay in L1 while every head of the group
+ * reads them. In place they would not: in the cache a key's row of one KV
+ * head is a slice of a longer row (all KV heads), and those slices, 2 KiB
+ * apart for Qwen3-30B-A3B, fall into a quarter of L1's sets, so every head
+ * refetched them from L2. Each head prefetches a share of the next
+ * sub-block's rows: the copies otherwise wait on DRAM row by row. */
+enum { DEC_SUB = 32, DEC_DMAX = 256 };
+
+static void decode_group(const q3_isa_kernels *K, const float *q, const q3_attn_layer *L, int n, int kvh, int b, int nb,
+                         float scale, float *scratch) {
+    static _Thread_local float kb[DEC_SUB * DEC_DMAX] __attribute__((aligned(64)));
+    static _Thread_local float vb[DEC_SUB * DEC_DMAX] __attribute__((aligned(64)));
+    const int D = L->head_dim, g = L->n_heads / L->n_kv_heads;
+    const size_t rec = (size_t)D + 2, stride = L->kv_stride;
+    const int j0 = b * Q3_ATT_BLOCK, nk = n - j0 < Q3_ATT_BLOCK ? n - j0 : Q3_ATT_BLOCK;
+    const float *k = L->k + (size_t)j0 * stride + (size_t)kvh * D, *v = L->v + (size_t)j0 * stride + (size_t)kvh * D;
+    float *st = scratch + ((size_t)kvh * g * nb + b) * rec; /* head kvh * g + h at st + h * nb * rec */
+    for (int h = 0; h < g; h++) {
+        float *r = st + (size_t)h * nb * rec;
+        r[0] = -INFINITY, r[1] = 0;
+        memset(r + 2, 0, (size_t)D * sizeof(float));
+    }
+    const int per = (DEC_SUB + g - 1) / g;
+    for (int s0 = 0; s0 < nk; s0 += DEC_SUB) {
+        const int ns = nk - s0 < DEC_SUB ? nk - s0 : DEC_SUB;
+        for (int j = 0; j < ns; j++) {
+            memcpy(kb + (size_t)j * D, k + (size_t)(s0 + j) * stride, (size_t)D * sizeof(float));
+            memcpy(vb + (size_t)j * D, v + (size_t)(s0 + j) * stride, (size_t)D * sizeof(float));
+        }
+        for (int h = 0; h < g; h++) {
+            for (int j = s0 + DEC_SUB + h * per; j < s0 + DEC_SUB + (h + 1) * per && j < nk; j++)
+                for (int d = 0; d < D; d += 16) {
+                    __builtin_prefetch(k + (size_t)j * stride + d, 0, 2);
+                    __builtin_prefetch(v + (size_t)j * stride + d, 0, 2);
+                }
+            K->att_decode(q + ((size_t)kvh * g + h) * D, kb, vb, (size_t)D, ns, D, scale, st + (size_t)h * nb * rec);
+        }
+    }
+}
+
 static void decode(const q3_isa_kernels *K, float *out, const float *q, int pos, const q3_attn_layer *L, float *scratch) {
     const int H = L->n_heads, D = L->head_dim, group = H / L->n_kv_heads, n = pos + 1;
     const int nb = (n + Q3_ATT_BLOCK - 1) / Q3_ATT_BLOCK;
     const float scale = 1.0f / sqrtf((float)D);
     const size_t rec = (size_t)D + 2; /* per (head, block): m, l, o[D] */
-    if (K->att_decode && D % 16 == 0 && D <= 256) {
-        /* The g query heads of a KV head together: each key and value
-         * block is loaded for all of them while it is in cache. */
+    if (K->att_decode && D % 16 == 0 && D <= DEC_DMAX) {
         const int KVH = L->n_kv_heads;
 #pragma omp parallel for collapse(2) schedule(static) if (n > Q3_ATT_BLOCK)
         for (int kvh = 0; kvh < KVH; kvh++)
-            for (int b = 0; b < nb; b++) {
-                float *st = scratch + ((size_t)kvh * group * nb + b) * rec;
-                for (int h = 0; h < group; h++) {
-                    float *r = st + (size_t)h * nb * rec;
-                    r[0] = -INFINITY, r[1] = 0;
-                    memset(r + 2, 0, (size_t)D * sizeof(float));
-                }
-                const int j0 = b * Q3_ATT_BLOCK, nk = n - j0 < Q3_ATT_BLOCK ? n - j0 : Q3_ATT_BLOCK;
-                const size_t off = (size_t)j0 * L->kv_stride + (size_t)kvh * D;
-                K->att_decode(q + (size_t)kvh * group * D, group, L->k + off, L->v + off, L->kv_stride, nk, D, scale, st,
-                              (size_t)nb * rec);
-            }
+            for (int b = 0; b < nb; b++) decode_group(K, q, L, n, kvh, b, nb, scale, scratch);
     } else
 #pragma omp parallel for collapse(2) schedule(static) if (n > Q3_ATT_BLOCK)
     for (int h = 0; h < H; h++)

@@ -48,15 +48,13 @@ typedef struct {
      * S = exp(s - m); l = l * corr + sum_j S; O[d][r] *= corr for d < D,
      * with corr = exp(m_old - m) (0 while m_old = -inf). */
     void (*att_softmax)(float *S, int nk, int R, float scale, const float *lim, float *m, float *l, float *O, int D);
-    /* Decode attention, one block of nk (<= Q3_ATT_BLOCK) keys for the g
-     * query heads of one KV head (GQA): q[h * D ..] for h < g, key j at
-     * k + j * stride, value j at v + j * stride. Folds the block into head
-     * h's running softmax state st = state + h * sstride: st[0] = m (max
-     * score), st[1] = l (normaliser), st + 2 = o[D] (unnormalised output),
-     * which start as -inf, 0, 0. D % 16 == 0, D <= 256; NULL: not
-     * available (attention.c then goes key by key with dot and axpy). */
-    void (*att_decode)(const float *q, int g, const float *k, const float *v, size_t stride, int nk, int D, float scale,
-                       float *state, size_t sstride);
+    /* Decode attention, one query head q[D] over nk (<= Q3_ATT_BLOCK) keys:
+     * key j at k + j * stride, value j at v + j * stride. Folds them into
+     * the head's running softmax state st: st[0] = m (max score), st[1] = l
+     * (normaliser), st + 2 = o[D] (unnormalised output), which start as
+     * -inf, 0, 0. D % 16 == 0, D <= 256; NULL: not available (attention.c
+     * then goes key by key with dot and axpy). */
+    void (*att_decode)(const float *q, const float *k, const float *v, size_t stride, int nk, int D, float scale, float *st);
     /* A8 linears (W->a8, MX weights, cols % 64 == 0 for MXFP8, % 128 for
      * MXFP4; NULL: not available):
      * a8_prep widens x[0..K) (MXFP8 values, so exact) to bf16 in the order

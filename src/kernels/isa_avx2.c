@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "kernels/attention.h"
 #include "kernels/isa.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -445,6 +446,77 @@ static void att_softmax(float *S, int nk, int R, float scale, const float *lim, 
     }
 }
 
+/* ---- Decode attention (isa.h att_decode) ---- */
+
+/* Lane i of the result: the sum of the 8 lanes of a[i]. */
+INLINE __m256 hsum8x8(const __m256 *a) {
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+/* The AVX-512 kernel's steps with 8 lanes and 16 registers: scores of 8
+ * keys per transposed reduction (the query read from L1, which holds it),
+ * the block's softmax with exp_neg8, then o += p_j * v_j in chunks of 64
+ * output floats held in registers. */
+static void att_decode(const float *q, const float *k, const float *v, size_t stride, int nk, int D, float scale, float *st) {
+    float s[Q3_ATT_BLOCK] __attribute__((aligned(32)));
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 mx = _mm256_set1_ps(st[0]);
+    for (int j0 = 0; j0 < nk; j0 += 8) {
+        const int n = nk - j0 < 8 ? nk - j0 : 8;
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const float *kj = k + (size_t)(j0 + (j < n ? j : n - 1)) * stride; /* past nk: masked below */
+            __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kj));
+            __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(q + 8), _mm256_loadu_ps(kj + 8));
+            for (int d = 16; d < D; d += 16) {
+                c0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kj + d), c0);
+                c1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(kj + d + 8), c1);
+            }
+            a[j] = _mm256_add_ps(c0, c1);
+        }
+        const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps((float)n), _CMP_LT_OQ);
+        const __m256 sv = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)), valid);
+        _mm256_store_ps(s + j0, sv);
+        mx = _mm256_max_ps(mx, sv);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float m = _mm_cvtss_f32(m4);
+    const __m256 mv = _mm256_set1_ps(m);
+    const float corr = _mm256_cvtss_f32(exp_neg8(_mm256_sub_ps(_mm256_set1_ps(st[0]), mv))); /* -inf at first: 0 */
+    __m256 sum = _mm256_setzero_ps();
+    for (int j0 = 0; j0 < nk; j0 += 8) {
+        const __m256 p = exp_neg8(_mm256_sub_ps(_mm256_load_ps(s + j0), mv));
+        _mm256_store_ps(s + j0, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    st[1] = st[1] * corr + hsum(sum);
+    st[0] = m;
+    const __m256 cv = _mm256_set1_ps(corr);
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        const int nv = D - d0 < 64 ? (D - d0) / 8 : 8;
+        float *o = st + 2 + d0;
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) acc[i] = i < nv ? _mm256_mul_ps(_mm256_loadu_ps(o + 8 * i), cv) : _mm256_setzero_ps();
+        for (int j = 0; j < nk; j++) {
+            const __m256 p = _mm256_set1_ps(s[j]);
+            const float *vj = v + (size_t)j * stride + d0;
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                if (i < nv) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            if (i < nv) _mm256_storeu_ps(o + 8 * i, acc[i]);
+    }
+}
+
 const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
-    .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax};
+    .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
+    .att_decode = att_decode};
 #pragma GCC pop_options

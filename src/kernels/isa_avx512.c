@@ -8,7 +8,6 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "kernels/attention.h"
 #include "kernels/isa.h"
@@ -337,38 +336,10 @@ INLINE void att_decode_head(const float *q, const float *k, const float *v, size
     for (int d = 0; d < NV; d++) _mm512_storeu_ps(st + 2 + 16 * d, _mm512_add_ps(o0[d], o1[d]));
 }
 
-/* Keys per sub-block: their K and V rows, copied together, stay in L1
- * while every query head of the group reads them. In the cache a key's
- * row of one KV head is a slice of a longer row (all KV heads), and
- * those slices, 2 KiB apart for Qwen3-30B-A3B, fall into a quarter of
- * L1's sets: read in place, they were refetched from L2 for every head. */
-enum { DEC_SUB = 32 };
-
-static void att_decode(const float *q, int g, const float *k, const float *v, size_t stride, int nk, int D, float scale,
-                       float *state, size_t sstride) {
-    static _Thread_local float kb[DEC_SUB * 256] __attribute__((aligned(64))), vb[DEC_SUB * 256] __attribute__((aligned(64)));
-    for (int j0 = 0; j0 < nk; j0 += DEC_SUB) {
-        const int n = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-        for (int j = 0; j < n; j++) {
-            memcpy(kb + (size_t)j * D, k + (size_t)(j0 + j) * stride, (size_t)D * sizeof(float));
-            memcpy(vb + (size_t)j * D, v + (size_t)(j0 + j) * stride, (size_t)D * sizeof(float));
-        }
-        /* The next sub-block's rows, spread over the heads: the copies
-         * above otherwise wait on DRAM row by row. */
-        const int per = (DEC_SUB + g - 1) / g;
-        for (int h = 0; h < g; h++) {
-            for (int j = j0 + DEC_SUB + h * per; j < j0 + DEC_SUB + (h + 1) * per && j < nk; j++)
-                for (int d = 0; d < D; d += 16) {
-                    _mm_prefetch((const char *)(k + (size_t)j * stride + d), _MM_HINT_T1);
-                    _mm_prefetch((const char *)(v + (size_t)j * stride + d), _MM_HINT_T1);
-                }
-            const float *qh = q + (size_t)h * D;
-            float *st = state + (size_t)h * sstride;
-            if (D == 128) att_decode_head(qh, kb, vb, (size_t)D, n, scale, st, 8);
-            else if (D == 64) att_decode_head(qh, kb, vb, (size_t)D, n, scale, st, 4);
-            else att_decode_head(qh, kb, vb, (size_t)D, n, scale, st, D / 16);
-        }
-    }
+static void att_decode(const float *q, const float *k, const float *v, size_t stride, int nk, int D, float scale, float *st) {
+    if (D == 128) att_decode_head(q, k, v, stride, nk, scale, st, 8);
+    else if (D == 64) att_decode_head(q, k, v, stride, nk, scale, st, 4);
+    else att_decode_head(q, k, v, stride, nk, scale, st, D / 16);
 }
 
 const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
