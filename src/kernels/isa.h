@@ -55,6 +55,12 @@ typedef struct {
      * -inf, 0, 0. D % 16 == 0, D <= 256; NULL: not available (attention.c
      * then goes key by key with dot and axpy). */
     void (*att_decode)(const float *q, const float *k, const float *v, size_t stride, int nk, int D, float scale, float *st);
+    /* Element-wise activation helpers (NULL: the scalar code in ops.c and
+     * quant/mx.c). mx8_fake_quant: q3_mx_fake_quant_row(Q3_MXFP8, ...) bit
+     * for bit (n % 32 == 0; -1, writing nothing, when x holds NaN/Inf).
+     * swiglu: out = silu(gate) * up, within a few ulp of the scalar expf. */
+    int (*mx8_fake_quant)(const float *x, size_t n, float *y);
+    void (*swiglu)(float *out, const float *gate, const float *up, int n);
     /* A8 linears (W->a8, MX weights, cols % 64 == 0 for MXFP8, % 128 for
      * MXFP4; NULL: not available):
      * a8_prep widens x[0..K) (MXFP8 values, so exact) to bf16 in the order

@@ -8,9 +8,11 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/attention.h"
 #include "kernels/isa.h"
+#include "quant/mx.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define MR512 14
@@ -342,7 +344,60 @@ static void att_decode(const float *q, const float *k, const float *v, size_t st
     else att_decode_head(q, k, v, stride, nk, scale, st, D / 16);
 }
 
+/* ---- Element-wise activation helpers (isa.h) ---- */
+
+/* quant/mx.c's fast fake quantization, 16 lanes at a time: each element
+ * rounded to its quantum 2^q by adding and subtracting 2^(q+23), clamped to
+ * 448 * 2^e. Blocks whose shared exponent e leaves that path's range go
+ * through quant/mx.c itself. */
+static int mx8_fake_quant(const float *x, size_t n, float *y) {
+    const __m512i expo = _mm512_set1_epi32(0x7f800000), absm = _mm512_set1_epi32(0x7fffffff);
+    if (n % 32) return q3_mx_fake_quant_row(Q3_MXFP8, x, n, y);
+    __mmask16 bad = 0;
+    for (size_t i = 0; i < n; i += 16)
+        bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512(x + i), expo), expo);
+    if (bad) return q3_mx_fake_quant_row(Q3_MXFP8, x, n, y); /* the error, naming the element */
+    for (size_t b = 0; b < n; b += 32) {
+        const __m512i u0 = _mm512_loadu_si512(x + b), u1 = _mm512_loadu_si512(x + b + 16);
+        const __m512i a0 = _mm512_and_si512(u0, absm), a1 = _mm512_and_si512(u1, absm);
+        const uint32_t abits = (uint32_t)_mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1)); /* |x| orders as its bits */
+        float amax;
+        memcpy(&amax, &abits, 4);
+        const int e = q3_mx_shared_exp(Q3_MXFP8, amax);
+        if (e < -100 || e > 90) {
+            if (q3_mx_fake_quant_row(Q3_MXFP8, x + b, 32, y + b)) return -1;
+            continue;
+        }
+        const __m512i qmin = _mm512_set1_epi32(e - 6 - 3);
+        const __m512 top = _mm512_set1_ps(448.0f * q3_e8m0_to_f32((uint8_t)(e + 127)));
+        const __m512i ab[2] = {a0, a1}, ub[2] = {u0, u1};
+        for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(ab[h], 23), _mm512_set1_epi32(130)), qmin);
+            const __m512 magic = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(150)), 23));
+            const __m512 a = _mm512_castsi512_ps(ab[h]);
+            const __m512 r = _mm512_min_ps(_mm512_sub_ps(_mm512_add_ps(a, magic), magic), top);
+            const __m512i sign = _mm512_andnot_si512(absm, ub[h]);
+            _mm512_storeu_si512(y + b + 16 * h, _mm512_or_si512(_mm512_castps_si512(r), sign));
+        }
+    }
+    return 0;
+}
+
+/* silu(g) = g / (1 + e^-g), with e^-|g| from exp_neg16: for g < 0 it is
+ * g e^g / (1 + e^g), so the exponential never overflows. */
+static void swiglu(float *out, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 g = _mm512_maskz_loadu_ps(m, gate + i), u = _mm512_maskz_loadu_ps(m, up + i);
+        const __m512 t = exp_neg16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+        const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), t);
+        const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+        const __m512 num = _mm512_mask_mul_ps(g, neg, g, t);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_div_ps(num, d), u));
+    }
+}
+
 const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
-    .att_decode = att_decode, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc};
+    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc};
 #pragma GCC pop_options

@@ -83,6 +83,10 @@ void q3_add_rmsnorm(float *x, const float *delta, const float *w, float *out, in
  * in the same pass. out may be NULL (only the copy is wanted); out_q may
  * alias out or delta. n % 32 == 0. A block holding NaN/Inf is copied as is. */
 void q3_add_rmsnorm_mx8(float *x, const float *delta, const float *w, float *out, float *out_q, int n, float eps);
+/* y = x quantized to MXFP8 and back, per 32-block (q3_mx_fake_quant_row
+ * with Q3_MXFP8, bit for bit, by the fastest kernel): the A8 input of a
+ * quantized linear. -1, writing nothing, when x holds NaN/Inf. */
+int q3_act_mx8(const float *x, size_t n, float *y);
 /* out[i] = silu(gate[i]) * up[i] */
 void q3_swiglu(float *out, const float *gate, const float *up, int n);
 /* In-place softmax over n values. */

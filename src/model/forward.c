@@ -161,7 +161,7 @@ void q3_state_reset(q3_state *s) { s->pos = 0; }
 void q3_act_quant(const q3_model *m, const q3_mat *W, float *x, int rows, size_t ld) {
     (void)m;
     if (!W->a8) return;
-    for (int r = 0; r < rows; r++) (void)q3_mx_fake_quant_row(Q3_MXFP8, x + (size_t)r * ld, (size_t)W->cols, x + (size_t)r * ld);
+    for (int r = 0; r < rows; r++) (void)q3_act_mx8(x + (size_t)r * ld, (size_t)W->cols, x + (size_t)r * ld);
 }
 
 /* This rank's heads over the T normed rows in s->xn: merged QKV, per-head

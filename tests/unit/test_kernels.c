@@ -407,9 +407,67 @@ static void test_add_rmsnorm_mx8(void) {
     CHECK(q3_mx_fake_quant_row(Q3_MXFP8, out1, N, q1) == 0);
     q3_add_rmsnorm_mx8(x3, NULL, w, NULL, q3, N, 1e-6f);
     CHECK(!memcmp(x3, x0, sizeof x0) && !memcmp(q1, q3, sizeof q1));
+    /* An infinite input: the norm scales everything else to zero and the
+     * infinity itself to NaN, whose block is copied unquantized. */
+    x3[70] = INFINITY;
+    q3_add_rmsnorm_mx8(x3, NULL, w, out1, q3, N, 1e-6f);
+    int ok = isnan(q3[70]) && isnan(out1[70]);
+    for (int i = 0; i < N; i++)
+        if (i != 70) ok &= q3[i] == 0 && out1[i] == 0;
+    CHECK(ok);
+}
+
+/* The activation helpers of every ISA: MXFP8 fake quantization bit for
+ * bit against quant/mx.c (blocks of every scale range: tiny ones below the
+ * fast path's range, huge ones above it, zeros, subnormals, values at the
+ * rounding ties of E4M3 and at its top), and NaN/Inf rejected without a
+ * write; swiglu against double precision, large and tiny gates included. */
+static void test_activation_helpers(void) {
+    enum { N = 32 * 40 };
+    static float x[N], want[N], got[N];
+    const float scales[] = {1.0f, 1e-35f, 3e37f, 0.0f, 1e-40f, 448.0f, 1e-3f, 7.5e30f};
+    for (int b = 0; b < N / 32; b++)
+        for (int i = 0; i < 32; i++) {
+            float v = frand() * scales[b % 8];
+            if (b % 5 == 2) v = (float)((int)(frand() * 64)) * 0.0625f + 0.03125f; /* halfway between E4M3 codes */
+            if (b % 7 == 3 && i == 5) v = 464.0f;                                   /* rounds up past 448: clamped */
+            x[b * 32 + i] = v;
+        }
+    CHECK(q3_mx_fake_quant_row(Q3_MXFP8, x, N, want) == 0);
+    for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
+        q3_kernels_force((q3_isa)isa);
+        if ((int)q3_kernels_isa() != isa) continue;
+        memset(got, 0, sizeof got);
+        CHECK(q3_act_mx8(x, N, got) == 0);
+        CHECK(!memcmp(got, want, sizeof got));
+        memcpy(got, x, sizeof got);
+        CHECK(q3_act_mx8(got, N, got) == 0); /* in place, as q3_act_quant runs it */
+        CHECK(!memcmp(got, want, sizeof got));
+        float bad[64];
+        memcpy(bad, x, sizeof bad);
+        bad[40] = NAN;
+        memset(got, 0, sizeof bad);
+        CHECK(q3_act_mx8(bad, 64, got) == -1);
+        bad[40] = -INFINITY;
+        CHECK(q3_act_mx8(bad, 64, got) == -1);
+        float zero[64] = {0};
+        CHECK(!memcmp(got, zero, sizeof zero));
+        enum { S = 203 };
+        float g[S], u[S], s[S];
+        for (int i = 0; i < S; i++) g[i] = frand() * (i % 4 == 0 ? 120.0f : i % 4 == 1 ? 1e-6f : 8.0f), u[i] = frand() * 3;
+        q3_swiglu(s, g, u, S);
+        double worst = 0;
+        for (int i = 0; i < S; i++) {
+            const double ref = g[i] / (1 + exp(-(double)g[i])) * u[i];
+            worst = fmax(worst, fabs(s[i] - ref) / fmax(fabs(ref), 1e-30));
+        }
+        CHECK(worst < 2e-6);
+    }
+    q3_kernels_force(Q3_ISA_COUNT - 1);
 }
 
 int main(void) {
+    test_activation_helpers();
     test_add_rmsnorm_mx8();
     test_f16_all_codes();
     test_bf16_rounding();
