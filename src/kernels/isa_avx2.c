@@ -6,9 +6,11 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/attention.h"
 #include "kernels/isa.h"
+#include "quant/mx.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -516,7 +518,66 @@ static void att_decode(const float *q, const float *k, const float *v, size_t st
     }
 }
 
+/* ---- Element-wise activation helpers (isa.h) ---- */
+
+/* isa_avx512.c's mx8_fake_quant with 8 lanes: quant/mx.c's fast path (each
+ * element rounded to its quantum 2^q by adding and subtracting 2^(q+23),
+ * clamped to 448 * 2^e), blocks outside its exponent range through
+ * quant/mx.c itself. */
+static int mx8_fake_quant(const float *x, size_t n, float *y) {
+    const __m256i expo = _mm256_set1_epi32(0x7f800000), absm = _mm256_set1_epi32(0x7fffffff);
+    if (n % 32) return q3_mx_fake_quant_row(Q3_MXFP8, x, n, y);
+    int bad = 0;
+    for (size_t i = 0; i < n; i += 8)
+        bad |= _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), expo), expo));
+    if (bad) return q3_mx_fake_quant_row(Q3_MXFP8, x, n, y); /* the error, naming the element */
+    for (size_t b = 0; b < n; b += 32) {
+        __m256i u[4], a[4];
+        for (int h = 0; h < 4; h++) {
+            u[h] = _mm256_loadu_si256((const __m256i *)(x + b + 8 * h));
+            a[h] = _mm256_and_si256(u[h], absm);
+        }
+        __m256i mx = _mm256_max_epu32(_mm256_max_epu32(a[0], a[1]), _mm256_max_epu32(a[2], a[3])); /* |x| orders as its bits */
+        __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+        m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4e));
+        m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0xb1));
+        const uint32_t abits = (uint32_t)_mm_cvtsi128_si32(m4);
+        float amax;
+        memcpy(&amax, &abits, 4);
+        const int e = q3_mx_shared_exp(Q3_MXFP8, amax);
+        if (e < -100 || e > 90) {
+            if (q3_mx_fake_quant_row(Q3_MXFP8, x + b, 32, y + b)) return -1;
+            continue;
+        }
+        const __m256i qmin = _mm256_set1_epi32(e - 6 - 3);
+        const __m256 top = _mm256_set1_ps(448.0f * q3_e8m0_to_f32((uint8_t)(e + 127)));
+        for (int h = 0; h < 4; h++) {
+            const __m256i q = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(a[h], 23), _mm256_set1_epi32(130)), qmin);
+            const __m256 magic = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(150)), 23));
+            const __m256 av = _mm256_castsi256_ps(a[h]);
+            const __m256 r = _mm256_min_ps(_mm256_sub_ps(_mm256_add_ps(av, magic), magic), top);
+            const __m256i sign = _mm256_andnot_si256(absm, u[h]);
+            _mm256_storeu_si256((__m256i *)(y + b + 8 * h), _mm256_or_si256(_mm256_castps_si256(r), sign));
+        }
+    }
+    return 0;
+}
+
+/* silu(g) = g / (1 + e^-g), with e^-|g| from exp_neg8: for g < 0 it is
+ * g e^g / (1 + e^g), so the exponential never overflows. */
+static void swiglu(float *out, const float *gate, const float *up, int n) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), one = _mm256_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i);
+        const __m256 t = exp_neg8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_and_ps(g, absm)));
+        const __m256 num = _mm256_blendv_ps(g, _mm256_mul_ps(g, t), _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, t)), u));
+    }
+    for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
 const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
-    .att_decode = att_decode};
+    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu};
 #pragma GCC pop_options
