@@ -5,6 +5,8 @@
  *   build/kernel_bench mx [rows cols reps tokens]
  * Decode MoE passes (8 of E MXFP4 A8 experts per token, gate+up then down):
  *   build/kernel_bench moe [experts hidden ffn tokens]
+ * Prefill MoE passes of a P-token prompt (8 of E BF16 experts per token):
+ *   build/kernel_bench moe-prefill [experts hidden ffn P reps]
  * Causal prefill attention of one layer, then decode steps at its end
  * (default: Qwen3-30B-A3B heads; Q3MOE_ISA=NAME runs only that ISA;
  * Q3_BENCH_DECODE_ONLY=1 skips the prefill):
@@ -162,6 +164,69 @@ static int moe_bench(int E, int H, int F, int tokens) {
     return 0;
 }
 
+/* Prefill MoE passes as q3_forward runs them for a prompt of P tokens:
+ * each token routed to 8 of E BF16 experts (a fixed pseudo-random draw, so
+ * expert token counts vary as a router's would), gate and up of every
+ * expert in one matmul pass, down in the next; weights streamed from DRAM. */
+static int moe_prefill_bench(int E, int H, int F, int P, int reps) {
+    uint16_t *w = big_alloc((size_t)E * 3 * F * H * 2);
+    int *cnt = calloc((size_t)E, sizeof *cnt);
+    if (!w || !cnt) return 1;
+    for (size_t i = 0; i < (size_t)E * 3 * F * H; i++) w[i] = q3_f32_to_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
+    unsigned seed = 12345;
+    for (int t = 0; t < P; t++) {
+        int chosen[8];
+        for (int k = 0; k < 8 && k < E;) { /* 8 distinct experts per token */
+            seed = seed * 1103515245u + 12345u;
+            const int e = (int)((seed >> 8) % (unsigned)E);
+            int dup = 0;
+            for (int j = 0; j < k; j++) dup |= chosen[j] == e;
+            if (!dup) chosen[k++] = e, cnt[e]++;
+        }
+    }
+    float *x = malloc((size_t)P * 8 * H * 4), *h = malloc((size_t)P * 8 * 2 * F * 4), *y = malloc((size_t)P * 8 * H * 4);
+    if (!x || !h || !y) return 1;
+    for (size_t i = 0; i < (size_t)P * 8 * H; i++) x[i] = (float)((i * 40503u) % 1000) / 500.0f - 1.0f;
+    for (size_t i = 0; i < (size_t)P * 8 * 2 * F; i++) h[i] = (float)((i * 40503u) % 1000) / 5000.0f - 0.1f;
+    q3_mat *mats = calloc((size_t)3 * E, sizeof *mats);
+    q3_mm_job *jobs = calloc((size_t)2 * E, sizeof *jobs);
+    if (!mats || !jobs) return 1;
+    for (int e = 0; e < E; e++)
+        for (int m = 0; m < 3; m++)
+            mats[3 * e + m] = (q3_mat){.data = w + ((size_t)3 * e + m) * F * H, .dtype = Q3_BF16, .rows = m < 2 ? F : H, .cols = m < 2 ? H : F};
+    double f13 = 0, fdn = 0;
+    for (int e = 0; e < E; e++) f13 += 2.0 * cnt[e] * 2 * F * H, fdn += 2.0 * cnt[e] * F * H;
+    double b13 = 1e30, bdn = 1e30;
+    for (int r = 0; r < reps; r++) {
+        int n = 0;
+        size_t off = 0;
+        for (int e = 0; e < E; e++) {
+            if (!cnt[e]) continue;
+            jobs[n++] = (q3_mm_job){h + off * 2 * F, (size_t)2 * F, x + off * H, (size_t)H, cnt[e], &mats[3 * e]};
+            jobs[n++] = (q3_mm_job){h + off * 2 * F + F, (size_t)2 * F, x + off * H, (size_t)H, cnt[e], &mats[3 * e + 1]};
+            off += (size_t)cnt[e];
+        }
+        double t0 = omp_get_wtime();
+        q3_matmul_jobs(jobs, n);
+        double t1 = omp_get_wtime();
+        n = 0, off = 0;
+        for (int e = 0; e < E; e++) {
+            if (!cnt[e]) continue;
+            jobs[n++] = (q3_mm_job){y + off * H, (size_t)H, h + off * 2 * F, (size_t)2 * F, cnt[e], &mats[3 * e + 2]};
+            off += (size_t)cnt[e];
+        }
+        q3_matmul_jobs(jobs, n);
+        double t2 = omp_get_wtime();
+        if (t1 - t0 < b13) b13 = t1 - t0;
+        if (t2 - t1 < bdn) bdn = t2 - t1;
+    }
+    printf("%-10s MoE prefill, %d tokens x 8 of %d BF16 experts, H %d F %d: gate+up %.1f ms (%.1f GFLOP/s), down %.1f ms "
+           "(%.1f GFLOP/s)  (threads %d)\n",
+           q3_isa_name(q3_kernels_isa()), P, E, H, F, b13 * 1e3, f13 / b13 / 1e9, bdn * 1e3, fdn / bdn / 1e9, omp_get_max_threads());
+    free(w), free(cnt), free(x), free(h), free(y), free(mats), free(jobs);
+    return 0;
+}
+
 /* Causal prefill attention of one layer over P positions, fed in chunks of
  * 1024 tokens as q3_forward does, per ISA (scalar skipped: too slow). */
 static int attn_bench(int P, int H, int KVH, int D, int reps) {
@@ -208,6 +273,9 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "attn"))
         return attn_bench(argc > 2 ? atoi(argv[2]) : 4096, argc > 3 ? atoi(argv[3]) : 32, argc > 4 ? atoi(argv[4]) : 4,
                           argc > 5 ? atoi(argv[5]) : 128, argc > 6 ? atoi(argv[6]) : 3);
+    if (argc > 1 && !strcmp(argv[1], "moe-prefill"))
+        return moe_prefill_bench(argc > 2 ? atoi(argv[2]) : 128, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 768,
+                                 argc > 5 ? atoi(argv[5]) : 512, argc > 6 ? atoi(argv[6]) : 3);
     if (argc > 1 && !strcmp(argv[1], "moe"))
         return moe_bench(argc > 2 ? atoi(argv[2]) : 128, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 768,
                          argc > 5 ? atoi(argv[5]) : 200);
