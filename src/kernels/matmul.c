@@ -239,22 +239,29 @@ static void run_chunks(const q3_mm_job *jobs, int npanels, int chunk, atomic_int
 static void run_pass(const q3_mm_job *jobs, int n);
 
 /* Products of more tokens than the tokens-in-lanes GEMMs take run as
- * several passes of Q3_LANE_TOKENS tokens (when every job can use one). */
+ * several passes (when every job can use one). Each job's tokens are split
+ * into equal shares, rounded up to whole vectors of 16: an expert of 64
+ * tokens (about what each sees in a 1024-token chunk) runs as 32 + 32, not
+ * 48 + 16, so no pass streams all the weights for a few tokens. Measured
+ * (kernel_bench moe-prefill, P = 1024): gate+up the same, down 2-4 %
+ * faster. */
 static int run_lane_chunked(const q3_mm_job *jobs, int n) {
     enum { MAX_JOBS = 512 };
-    int maxT = 0;
+    int npass = 0, share[MAX_JOBS];
     if (n > MAX_JOBS) return 0;
     for (int j = 0; j < n; j++) {
         if (!(g_k->gemm_a8 && a8_shape_ok(jobs[j].W, Q3_LANE_KMAX)) && !bc_shape_ok(jobs[j].W)) return 0;
-        if (jobs[j].T > maxT) maxT = jobs[j].T;
+        const int np = (jobs[j].T + Q3_LANE_TOKENS - 1) / Q3_LANE_TOKENS;
+        share[j] = np ? ((jobs[j].T + np - 1) / np + 15) / 16 * 16 : 0; /* <= Q3_LANE_TOKENS, a multiple of 16 */
+        if (np > npass) npass = np;
     }
-    if (maxT <= Q3_LANE_TOKENS) return 0;
+    if (npass <= 1) return 0;
     q3_mm_job sub[MAX_JOBS];
-    for (int t0 = 0; t0 < maxT; t0 += Q3_LANE_TOKENS) {
+    for (int p = 0; p < npass; p++) {
         for (int j = 0; j < n; j++) {
-            const int left = jobs[j].T - t0;
+            const int t0 = p * share[j], left = jobs[j].T - t0;
             sub[j] = jobs[j];
-            sub[j].T = left <= 0 ? 0 : left < Q3_LANE_TOKENS ? left : Q3_LANE_TOKENS;
+            sub[j].T = left <= 0 ? 0 : left < share[j] ? left : share[j];
             if (left > 0) sub[j].x += (size_t)t0 * jobs[j].ldx, sub[j].out += (size_t)t0 * jobs[j].ldo;
         }
         run_pass(sub, n);

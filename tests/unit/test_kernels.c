@@ -97,6 +97,7 @@ static void test_matmul(void) {
         check_matmul(Q3_BF16, 13, 33, 64); /* odd row count: packed path */
         check_matmul(Q3_BF16, 40, 300, 512); /* big enough to run multi-threaded */
         check_matmul(Q3_BF16, 100, 50, 256);  /* tokens-in-lanes kernels: several passes of 48 */
+        check_matmul(Q3_BF16, 64, 40, 128);   /* two equal passes of 32 */
         check_matmul(Q3_F32, 49, 21, 96);
         check_matmul(Q3_F16, 33, 9, 160);
         check_matmul(Q3_BF16, 5, 10, 8448); /* K past the tokens-in-lanes limit: few-token kernel */
@@ -166,6 +167,7 @@ static void test_mx_matmul(void) {
         check_mx_a8(Q3_MXFP8, gt[i], 21, 192, 1, 0);
     }
     check_mx_a8(Q3_MXFP4, 40, 300, 1024, 1, 0); /* multi-threaded */
+    check_mx_a8(Q3_MXFP4, 64, 30, 256, 1, 0);   /* two equal passes of 32 */
     check_mx_a8(Q3_MXFP4, 20, 40, 256, 1, 1);   /* panels falling back to fp32 */
     check_mx(Q3_MXFP8, 1, 37, 256);
     check_mx(Q3_MXFP4, 1, 37, 256);
