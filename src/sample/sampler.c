@@ -234,8 +234,23 @@ static void heap_offer(cand *h, size_t *n, size_t k, cand x) {
  * returns how many (fewer than k only when the slice has fewer non-NaN). */
 static size_t top_k_of(cand *h, const float *logits, int lo, int n, size_t k) {
     size_t m = 0;
-    for (int i = 0; i < n; i++)
+    int i = 0;
+    for (; i < n && m < k; i++)
         if (!isnan(logits[i])) heap_offer(h, &m, k, (cand){logits[i], lo + i});
+    /* Full heap: a later id wins a tie with no kept candidate, so only a
+     * strictly larger logit can enter (a NaN fails the test too). One
+     * compare per logit instead of a call: the scan was most of a 0.3 ms
+     * sample over a 151936-word vocabulary. */
+    for (; i + 16 <= n; i += 16) { /* blocks of 16 tested at once (the compiler's vectors) */
+        const float t = h[0].v;
+        int any = 0;
+        for (int j = 0; j < 16; j++) any |= logits[i + j] > t;
+        if (any)
+            for (int j = i; j < i + 16; j++)
+                if (logits[j] > h[0].v) heap_offer(h, &m, k, (cand){logits[j], lo + j});
+    }
+    for (; i < n; i++)
+        if (logits[i] > h[0].v) heap_offer(h, &m, k, (cand){logits[i], lo + i});
     sort_best_first(h, m);
     return m;
 }

@@ -273,6 +273,33 @@ static void test_large_vocab_sets(void) {
     free(sorted);
 }
 
+/* The top-k set over a full vocabulary is exactly the k best, ties going
+ * to the lowest ids: 25 tokens share the top logit (the 20 lowest ids must
+ * be kept), NaNs and near-misses are scattered through; at a flat
+ * temperature every kept token gets drawn and nothing else does. */
+static void test_top_k_exact_set(void) {
+    float *logits = malloc(QWEN_VOCAB * sizeof *logits), *tmp = malloc(QWEN_VOCAB * sizeof *tmp);
+    int *hits = calloc(QWEN_VOCAB, sizeof *hits);
+    if (!CHECK(logits && tmp && hits)) return;
+    for (int i = 0; i < QWEN_VOCAB; i++) logits[i] = (float)(urand() * 4.0);
+    int top[25];
+    for (int j = 0; j < 25; j++) top[j] = 3000 + j * 5987; /* increasing ids */
+    for (int j = 0; j < 25; j++) logits[top[j]] = 5.0f;
+    for (int i = 7; i < QWEN_VOCAB; i += 9973) logits[i] = NAN;
+    for (int i = 11; i < QWEN_VOCAB; i += 7919) logits[i] = nextafterf(5.0f, 0.0f);
+    q3_sampler_params p = params(1000.0f, 20, 1.0f, 0.0f, 31);
+    q3_sampler *s = q3_sampler_new(&p, QWEN_VOCAB);
+    for (int i = 0; i < 2000; i++) hits[draw(s, logits, tmp, QWEN_VOCAB)]++;
+    int kept = 0, outside = 0;
+    for (int j = 0; j < 20; j++) kept += hits[top[j]] > 0;
+    for (int i = 0; i < QWEN_VOCAB; i++) outside += hits[i];
+    for (int j = 0; j < 20; j++) outside -= hits[top[j]];
+    CHECK_EQ_INT(kept, 20);
+    CHECK_EQ_INT(outside, 0);
+    q3_sampler_free(s);
+    free(logits), free(tmp), free(hits);
+}
+
 /* A top-p set made mostly of tied tail tokens, each only a little above the
  * pre-sort cutoff: one token of probability 0.4 plus 999 of 0.6/999. top_p
  * 0.5 needs the head and 167 tail tokens, the lowest ids among the ties. */
@@ -441,6 +468,7 @@ int main(void) {
     test_top_p();
     test_min_p();
     test_large_vocab_sets();
+    test_top_k_exact_set();
     test_top_p_tied_tail();
     test_repeat_penalty();
     test_bad_params();
