@@ -235,6 +235,7 @@ static void heap_offer(cand *h, size_t *n, size_t k, cand x) {
 static size_t top_k_of(cand *h, const float *logits, int lo, int n, size_t k) {
     size_t m = 0;
     int i = 0;
+    if (k == 0) return 0; /* no heap root to compare against below */
     for (; i < n && m < k; i++)
         if (!isnan(logits[i])) heap_offer(h, &m, k, (cand){logits[i], lo + i});
     /* Full heap: a later id wins a tie with no kept candidate, so only a
