@@ -88,8 +88,10 @@ typedef struct {
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
     /* The same product for BF16 weights (even row stride) by bf16 dot
      * products, each input split into two bf16 parts (NULL: not available):
-     * bf16_pack_act writes ap[K/2][2][TP] (hi pairs, then lo pairs; row:
-     * scratch of K words); gemm_bf16 reads the weight rows as stored. */
+     * bf16_pack_act writes at most K * TP words (TP = T rounded up to 16):
+     * a lane panel ap[K/2][2][16 * vectors] (hi pairs, then lo pairs) and
+     * rows for the tokens left over (lane_rem.h); row: scratch of K words.
+     * gemm_bf16 reads the weight rows as stored. */
     void (*bf16_pack_act)(uint32_t *ap, const float *x, size_t ldx, int T, int K, uint32_t *row);
     void (*gemm_bf16)(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1);
 } q3_isa_kernels;
