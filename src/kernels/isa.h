@@ -12,6 +12,8 @@ enum { Q3_NR = 16, Q3_KC = 256, Q3_MR = 6, Q3_MR_MAX = 14 };
  * tokens per activation panel, longest reduction. Longer products run as
  * several passes of Q3_LANE_TOKENS tokens. */
 enum { Q3_LANE_TOKENS = 48, Q3_LANE_KMAX = 8192 };
+/* Most tokens any ISA's gemm_bc takes in one pass (bc_max_t). */
+enum { Q3_BC_TOKENS_MAX = 128 };
 
 /* Query rows of a prefill attention tile are a multiple of this (the widest
  * row chunk a variant's att_mm processes at once). */
@@ -61,12 +63,16 @@ typedef struct {
      * swiglu: out = silu(gate) * up, within a few ulp of the scalar expf. */
     int (*mx8_fake_quant)(const float *x, size_t n, float *y);
     void (*swiglu)(float *out, const float *gate, const float *up, int n);
-    /* A8 linears (W->a8, MX weights, cols % 64 == 0 for MXFP8, % 128 for
-     * MXFP4; NULL: not available):
-     * a8_prep widens x[0..K) (MXFP8 values, so exact) to bf16 in the order
-     * gemv_a8 reads for weights of dtype wt; gemv_a8 is gemv on that copy. */
-    void (*a8_prep)(uint16_t *xb, const float *x, int K, q3_dtype wt);
-    void (*gemv_a8)(float *out, const uint16_t *xb, const q3_mat *W, int r0, int r1);
+    /* MX GEMV on a prepared input (MX weights, cols % 64 == 0 for MXFP8,
+     * % 128 for MXFP4; NULL: not available): a8_prep writes x[0..K) in the
+     * format and order gemv_a8 reads for weights of dtype wt, at most 4 * K
+     * bytes; gemv_a8 is gemv on that copy. On AVX-512 BF16 the copy is
+     * bf16, exact only for MXFP8 inputs (W->a8); where a8_prep_any is set
+     * it is an fp32 permutation, exact for any input, and serves
+     * weight-only MX linears too. */
+    int a8_prep_any;
+    void (*a8_prep)(void *xb, const float *x, int K, q3_dtype wt);
+    void (*gemv_a8)(float *out, const void *xb, const q3_mat *W, int r0, int r1);
     /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (K <= Q3_LANE_KMAX):
      * a8_pack_act writes the T input rows as bf16 pairs in gemv_a8's
      * element order, at most K/2 * TP words (TP = T rounded up to 16): a
@@ -85,6 +91,12 @@ typedef struct {
      * 16, padding zero); gemm_bc computes out[t][r], r in [r0, r1), t < T,
      * widening each weight row once (wbuf: 8 * K floats of scratch). */
     void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K);
+    /* bc_mx: gemm_bc also takes MX weights (cols % 32 == 0). lane_split:
+     * products of more than Q3_LANE_TOKENS tokens run as several passes of
+     * the lane GEMMs (else they take the panel GEMM). */
+    int bc_mx, lane_split;
+    /* Most tokens gemm_bc takes (<= Q3_BC_TOKENS_MAX; 0: Q3_LANE_TOKENS). */
+    int bc_max_t;
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
     /* The same product for BF16 weights (even row stride) by bf16 dot
      * products, each input split into two bf16 parts (NULL: not available):
@@ -113,6 +125,14 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
 /* gemm_bf16_avx512bf16.c */
 void q3_avx512bf16_bf16_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, uint32_t *row);
 void q3_avx512bf16_gemm_bf16(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1);
+/* isa_avx2.c: W[r, k0 .. k0+n) widened to fp32 (n % 16 == 0; MX: k0 and n % 32 == 0). */
+void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);
+/* gemm_bc_avx2.c: as gemm_bc_avx512.c, TP = T rounded up to 8. */
+void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K);
+void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
+/* gemv_mx_avx2.c */
+void q3_avx2_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
+void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
 

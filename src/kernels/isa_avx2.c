@@ -147,6 +147,23 @@ static void mx_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
     }
 }
 
+void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
+    if (q3_dtype_is_mx(W->dtype)) {
+        mx_row_f32(W, r, k0, n, dst);
+        return;
+    }
+    const size_t o = (size_t)r * (W->rs ? W->rs : (size_t)W->cols) + (size_t)k0;
+    switch (W->dtype) {
+    case Q3_BF16:
+        for (int k = 0; k < n; k += 8) _mm256_storeu_ps(dst + k, load8(W->data, o + k, Q3_BF16));
+        break;
+    case Q3_F16:
+        for (int k = 0; k < n; k += 8) _mm256_storeu_ps(dst + k, load8(W->data, o + k, Q3_F16));
+        break;
+    default: memcpy(dst, (const float *)W->data + o, (size_t)n * sizeof(float)); break;
+    }
+}
+
 static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     if (q3_dtype_is_mx(W->dtype) && W->cs <= 1 && W->cols % 32 == 0) {
         gemv_mx(out, x, W, r0, r1);
@@ -579,5 +596,7 @@ static void swiglu(float *out, const float *gate, const float *up, int n) {
 
 const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
-    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu};
+    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .a8_prep_any = 1,
+    .a8_prep = q3_avx2_mx_prep, .gemv_a8 = q3_avx2_gemv_mx, .bc_pack_act = q3_avx2_bc_pack_act,
+    .gemm_bc = q3_avx2_gemm_bc, .bc_mx = 1, .bc_max_t = Q3_BC_TOKENS_MAX};
 #pragma GCC pop_options

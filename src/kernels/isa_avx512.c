@@ -399,5 +399,6 @@ static void swiglu(float *out, const float *gate, const float *up, int n) {
 
 const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
-    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc};
+    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc,
+    .lane_split = 1};
 #pragma GCC pop_options

@@ -77,7 +77,8 @@ INLINE __m512i bf16x32(const float *x) {
 
 /* x[0..K) -> bf16 in the decoders' order: K a multiple of 64 (MXFP8) or
  * 128 (MXFP4). */
-static void a8_prep(uint16_t *xb, const float *x, int K, q3_dtype wt) {
+static void a8_prep(void *xbv, const float *x, int K, q3_dtype wt) {
+    uint16_t *xb = xbv;
     pthread_once(&g_once, init_tables);
     if (wt == Q3_MXFP4) {
         /* Vector i word j <- element 4j + i: words 0..15 come from the
@@ -192,7 +193,8 @@ INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, int nb, const uint16_
     return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
-static void gemv_a8(float *out, const uint16_t *xb, const q3_mat *W, int r0, int r1) {
+static void gemv_a8(float *out, const void *xbv, const q3_mat *W, int r0, int r1) {
+    const uint16_t *xb = xbv;
     pthread_once(&g_once, init_tables);
     const int K = W->cols, nb = K / 32;
     const uint8_t *el = W->data, *sc = W->scales;

@@ -92,9 +92,10 @@ void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
 /* Longest A8 input the bf16 GEMV takes (larger ones use the fp32 kernels). */
 enum { A8_KMAX = 32768 };
 
-/* A8 GEMV: the input widened to bf16 once per thread and pass. */
+/* MX GEMV on a prepared input (bf16 or a reordered fp32 copy), made once
+ * per thread and pass. */
 static void run_gemv_a8(const q3_mm_job *jb, int r0, int nr) {
-    static _Thread_local uint16_t xb[A8_KMAX] __attribute__((aligned(64)));
+    static _Thread_local float xb[A8_KMAX] __attribute__((aligned(64)));
     static _Thread_local const float *have_x;
     static _Thread_local unsigned long long have_pass;
     static _Thread_local q3_dtype have_dt;
@@ -107,8 +108,14 @@ static void run_gemv_a8(const q3_mm_job *jb, int r0, int nr) {
 }
 
 
-static int a8_shape_ok(const q3_mat *W, int kmax) {
-    return W->a8 && q3_dtype_is_mx(W->dtype) && W->cols % (W->dtype == Q3_MXFP4 ? 128 : 64) == 0 && W->cols <= kmax;
+static int mx_shape_ok(const q3_mat *W, int kmax) {
+    return q3_dtype_is_mx(W->dtype) && W->cs <= 1 && W->cols % (W->dtype == Q3_MXFP4 ? 128 : 64) == 0 && W->cols <= kmax;
+}
+
+static int a8_shape_ok(const q3_mat *W, int kmax) { return W->a8 && mx_shape_ok(W, kmax); }
+
+static int gemv_mx_ok(const q3_mat *W) {
+    return g_k->gemv_a8 && (W->a8 || g_k->a8_prep_any) && mx_shape_ok(W, A8_KMAX);
 }
 
 static int a8_gemm_ok(const q3_mm_job *jb) {
@@ -147,7 +154,9 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
 }
 
 static int bc_shape_ok(const q3_mat *W) {
-    return g_k->gemm_bc && !q3_dtype_is_mx(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 && W->cols <= Q3_LANE_KMAX;
+    const int mx = q3_dtype_is_mx(W->dtype);
+    return g_k->gemm_bc && (!mx || (g_k->bc_mx && W->cols % 32 == 0)) && cs_of(W) == 1 && W->cols % 16 == 0 &&
+           W->cols <= Q3_LANE_KMAX;
 }
 
 static int bf16_shape_ok(const q3_mat *W) {
@@ -169,8 +178,8 @@ static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local float *ap, *wbuf;
     static _Thread_local act_key have;
     if (!ap) {
-        ap = q3_malloc((size_t)Q3_LANE_TOKENS * Q3_LANE_KMAX * sizeof *ap);
-        wbuf = q3_malloc((size_t)8 * Q3_LANE_KMAX * sizeof *wbuf);
+        ap = q3_malloc((size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX * sizeof *ap);
+        wbuf = q3_malloc((size_t)Q3_NR * (Q3_LANE_KMAX + 16) * sizeof *wbuf);
     }
     if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols);
     g_k->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
@@ -181,7 +190,7 @@ static void run_panel(const q3_mm_job *jb, int r0) {
     static _Thread_local float Bp[Q3_KC * Q3_NR] __attribute__((aligned(64)));
     const q3_mat *W = jb->W;
     const int nr = W->rows - r0 < Q3_NR ? W->rows - r0 : Q3_NR, K = W->cols;
-    if (jb->T == 1 && g_k->gemv_a8 && a8_shape_ok(W, A8_KMAX)) {
+    if (jb->T == 1 && gemv_mx_ok(W)) {
         run_gemv_a8(jb, r0, nr);
         return;
     }
@@ -194,7 +203,7 @@ static void run_panel(const q3_mm_job *jb, int r0) {
         run_gemm_bf16(jb, r0, nr);
         return;
     }
-    if (jb->T <= Q3_LANE_TOKENS && bc_shape_ok(W)) {
+    if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) && bc_shape_ok(W)) {
         run_gemm_bc(jb, r0, nr);
         return;
     }
@@ -248,7 +257,7 @@ static void run_pass(const q3_mm_job *jobs, int n);
 static int run_lane_chunked(const q3_mm_job *jobs, int n) {
     enum { MAX_JOBS = 512 };
     int npass = 0, share[MAX_JOBS];
-    if (n > MAX_JOBS) return 0;
+    if (n > MAX_JOBS || (!g_k->lane_split && !getenv("Q3_SPLIT"))) return 0;
     for (int j = 0; j < n; j++) {
         if (!(g_k->gemm_a8 && a8_shape_ok(jobs[j].W, Q3_LANE_KMAX)) && !bc_shape_ok(jobs[j].W)) return 0;
         const int np = (jobs[j].T + Q3_LANE_TOKENS - 1) / Q3_LANE_TOKENS;

@@ -114,6 +114,13 @@ static void test_matmul(void) {
         check_matmul(Q3_BF16, 17, 37, 160);
         check_matmul(Q3_BF16, 33, 13, 128);
         check_matmul(Q3_BF16, 48, 29, 2048);
+        /* The AVX2 weights-broadcast GEMM takes up to 128 tokens: odd and
+         * even token-vector counts, K past one column block with a short
+         * last block, the first size past its limit (panel GEMM). */
+        check_matmul(Q3_BF16, 128, 45, 400);
+        check_matmul(Q3_F16, 120, 17, 272);
+        check_matmul(Q3_F32, 57, 23, 144);
+        check_matmul(Q3_BF16, 129, 20, 144);
     }
     q3_kernels_force(Q3_ISA_COUNT - 1);
 }

@@ -1,0 +1,109 @@
+/* AVX2 weights-broadcast GEMM: the prefill kernel for the few dozen tokens
+ * each MoE expert sees (about T * top_k / num_experts), any weight dtype
+ * the AVX2 table widens (BF16, F16, F32, MXFP8, MXFP4).
+ *
+ * Why: the panel GEMM (isa_avx2.c micro) transposes every weight panel
+ * before use, which at 32 tokens per expert took 30 % of the expert GEMM
+ * time. Here the activations are transposed instead, once per thread and
+ * pass (ap[K][TP], TP = T rounded up to 8, padding zero), and the weights
+ * are only widened to fp32 in stored order, KC columns of the panel's rows
+ * at a time, so the weight block and the activation block stay in L1. The
+ * inner loop loads the V token vectors of one k and broadcasts each row's
+ * weight: R x V accumulators. Every output element is one lane summing
+ * over k in order, so results do not depend on the thread count. */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/isa.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+enum { KC = 128, TMAX = Q3_BC_TOKENS_MAX };
+
+void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K) {
+    const int TP = (T + 7) & ~7;
+    for (int t = 0; t < TP; t++) {
+        if (t >= T) {
+            for (int k = 0; k < K; k++) ap[(size_t)k * TP + t] = 0.0f;
+            continue;
+        }
+        const float *xr = x + (size_t)t * ldx;
+        for (int k = 0; k < K; k++) ap[(size_t)k * TP + t] = xr[k];
+    }
+}
+
+/* Rows w[0 .. R) (KC apart, R <= 8) against V (<= 3) token vectors of ap (TP floats per
+ * k) over kc columns; acc[i][v] starts from and returns to st (rows TMAX
+ * floats apart), or from zero when fresh. */
+INLINE void tile(float *st, const float *w, int ws, const float *ap, int TP, int kc, int R, int V, int fresh) {
+    __m256 acc[8][3];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+#pragma GCC unroll 3
+        for (int v = 0; v < 3; v++)
+            if (i < R && v < V) acc[i][v] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(st + i * TMAX + 8 * v);
+    for (int k = 0; k < kc; k++) {
+        __m256 a[3];
+#pragma GCC unroll 3
+        for (int v = 0; v < 3; v++)
+            if (v < V) a[v] = _mm256_loadu_ps(ap + (size_t)k * TP + 8 * v);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            if (i < R) {
+                const __m256 b = _mm256_broadcast_ss(w + i * ws + k);
+#pragma GCC unroll 3
+                for (int v = 0; v < 3; v++)
+                    if (v < V) acc[i][v] = _mm256_fmadd_ps(b, a[v], acc[i][v]);
+            }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+#pragma GCC unroll 3
+        for (int v = 0; v < 3; v++)
+            if (i < R && v < V) _mm256_storeu_ps(st + i * TMAX + 8 * v, acc[i][v]);
+}
+
+/* Tiles of 6 rows x 2 token vectors: 12 accumulators, the two inputs and
+ * a broadcast fill 15 of the 16 registers, and each k takes 8 loads for 12
+ * FMAs. An odd count of vectors starts with 4 rows x 3 (7 loads for 12
+ * FMAs; a lone vector 8 rows at a time took 9 for 8). Constant shapes, so
+ * every accumulator is a register. */
+#define TILE(R, V) tile(st + r * TMAX + 8 * v0, wb + (size_t)r * ws, ws, ap + 8 * v0, TP, kc, R, V, fresh)
+INLINE void rows_tiles(float *st, const float *wb, int ws, const float *ap, int TP, int kc, int nr, int v0, int V,
+                       int fresh) {
+    int r = 0;
+    if (V == 2) {
+        for (; r + 6 <= nr; r += 6) TILE(6, 2);
+        for (; r + 4 <= nr; r += 4) TILE(4, 2);
+        for (; r < nr; r++) TILE(1, 2);
+    } else if (V == 3) {
+        for (; r + 4 <= nr; r += 4) TILE(4, 3);
+        for (; r < nr; r++) TILE(1, 3);
+    } else {
+        for (; r + 8 <= nr; r += 8) TILE(8, 1);
+        for (; r + 4 <= nr; r += 4) TILE(4, 1);
+        for (; r < nr; r++) TILE(1, 1);
+    }
+}
+#undef TILE
+
+void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
+    const int TP = (T + 7) & ~7, V = TP / 8, K = W->cols, nr = r1 - r0;
+    const int ws = K + 16; /* rows K floats apart would share L1 sets */
+    float st[Q3_NR * TMAX] __attribute__((aligned(32)));
+    for (int r = 0; r < nr; r++) q3_avx2_row_f32(W, r0 + r, 0, K, wbuf + (size_t)r * ws);
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        const int kc = K - k0 < KC ? K - k0 : KC;
+        for (int v0 = 0; v0 < V;) {
+            const int g = V - v0 == 1 ? 1 : (V - v0) % 2 ? 3 : 2;
+            rows_tiles(st, wbuf + k0, ws, ap + (size_t)k0 * TP, TP, kc, nr, v0, g, k0 == 0);
+            v0 += g;
+        }
+    }
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < nr; r++) out[(size_t)t * ldo + r] = st[r * TMAX + t];
+}
+#pragma GCC pop_options

@@ -1,0 +1,173 @@
+/* AVX2 GEMV for MX weights (MXFP8 / MXFP4 elements, E8M0 block scales)
+ * against fp32 inputs: the decode path of every MX linear on CPUs without
+ * AVX-512 BF16.
+ *
+ * Why a separate input copy: the cheapest AVX2 decoders of 32 codes into
+ * four vectors of fp32 leave the elements in an unpack-friendly order, not
+ * the stored one. Reordering the input to match costs one pass over K
+ * floats per matmul pass (a8_prep, cached per thread), instead of shuffles
+ * on every weight. The copy is a permutation, so it is exact for any input:
+ * weight-only MX linears use it as well as A8 ones.
+ *
+ * Decoders, per 32-element block:
+ * - E4M3: byte b moved to the top of a 16-bit word, shifted right 4
+ *   (arithmetic) and masked keeps the sign at bit 15 and puts the 7
+ *   magnitude bits at 10..4; that word as the top half of an fp32 is the
+ *   E4M3 value times 2^-120, subnormals included (the scale table takes the
+ *   2^120 back). 10 shuffles/shifts/ands for 32 elements, about a third of
+ *   widening each byte to 32 bits first (the fp32 kernel in isa_avx2.c).
+ * - E2M1: the nibbles become byte indices of two 16-entry lookups giving
+ *   the high and low byte of the element's bf16 value (exact: at most 2
+ *   significant bits), interleaved to bf16 words, then to fp32 as for E4M3.
+ * Every product is an fp32 FMA of an exactly decoded element and the input;
+ * the block sum is scaled once by 2^(code-127) (E8M0 code 0xFF is NaN). */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "kernels/isa.h"
+#include "quant/mx.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Software prefetch of the weight stream PF_ROWS rows (at least PF_BYTES)
+ * ahead and of the scales (at least SC_PF_BYTES ahead), as in the AVX-512
+ * GEMV: the hardware prefetcher stops at every 4 KiB page edge. */
+enum { PF_BYTES = 4096, PF_ROWS = 4, SC_PF_BYTES = 256 };
+
+/* E8M0 code -> the block factor (times 2^120 for the E4M3 decoder). */
+static float g_scale8[256], g_scale4[256];
+/* bf16 high and low byte of the 16 E2M1 values, twice (one per lane). */
+static uint8_t g_fp4_hi[32], g_fp4_lo[32];
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void init_tables(void) {
+    for (int c = 0; c < 32; c++) {
+        const uint16_t w = q3_f32_to_bf16(q3_e2m1_lut[c & 15]); /* exact: at most 2 significant bits */
+        g_fp4_hi[c] = (uint8_t)(w >> 8), g_fp4_lo[c] = (uint8_t)w;
+    }
+    for (int c = 0; c < 256; c++) {
+        g_scale8[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 + 120);
+        g_scale4[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127);
+    }
+}
+
+/* Input order: MXFP8 per 32-block, slot 8v + 4l + j of the copy (vector
+ * v, 128-bit lane l, dword j) holds element 16l + 4j + fp8_off[v]; MXFP4
+ * per pair of blocks (lane l from block l), slot 8v + 4l + j of the 64
+ * holds element 32l + 4j + fp4_off[v]. */
+static const int fp8_off[4] = {0, 2, 1, 3}, fp4_off[8] = {0, 2, 16, 18, 1, 3, 17, 19};
+
+void q3_avx2_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
+    float *xb = xbv;
+    if (wt == Q3_MXFP4) {
+        for (int k = 0; k < K; k += 64)
+            for (int v = 0; v < 8; v++)
+                for (int l = 0; l < 2; l++)
+                    for (int j = 0; j < 4; j++) xb[k + 8 * v + 4 * l + j] = x[k + 32 * l + 4 * j + fp4_off[v]];
+        return;
+    }
+    for (int k = 0; k < K; k += 32)
+        for (int v = 0; v < 4; v++)
+            for (int l = 0; l < 2; l++)
+                for (int j = 0; j < 4; j++) xb[k + 8 * v + 4 * l + j] = x[k + 16 * l + 4 * j + fp8_off[v]];
+}
+
+/* bf16 words (or E4M3 words shaped like them) -> fp32: each word becomes
+ * the top half of a dword, by masks and shifts rather than unpacks (which
+ * compete with the lookups for the two shuffle pipes). */
+INLINE void words_to_f32(__m256i w0, __m256i w1, __m256 f[4]) {
+    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+    f[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+    f[1] = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
+    f[2] = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+    f[3] = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
+}
+
+INLINE void fp8x32(const uint8_t *p, __m256 f[4]) {
+    const __m256i b = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi16((short)0x87F0);
+    const __m256i w0 = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(b, 8), 4), m);
+    const __m256i w1 = _mm256_and_si256(_mm256_srai_epi16(b, 4), m);
+    words_to_f32(w0, w1, f);
+}
+
+/* Two blocks of E2M1 codes (32 bytes; lane l holds block l) -> eight
+ * vectors of fp32. lut_hi/lut_lo: bf16 bytes of the 16 codes in both
+ * lanes; the low nibbles (even elements) give f[0..3], the high ones
+ * f[4..7]. */
+INLINE void fp4x64(const uint8_t *p, __m256i lut_hi, __m256i lut_lo, __m256 f[8]) {
+    const __m256i b = _mm256_loadu_si256((const __m256i *)p), m4 = _mm256_set1_epi8(0x0f);
+    const __m256i i0 = _mm256_and_si256(b, m4), i1 = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+    __m256i h = _mm256_shuffle_epi8(lut_hi, i0), l = _mm256_shuffle_epi8(lut_lo, i0);
+    words_to_f32(_mm256_unpacklo_epi8(l, h), _mm256_unpackhi_epi8(l, h), f);
+    h = _mm256_shuffle_epi8(lut_hi, i1), l = _mm256_shuffle_epi8(lut_lo, i1);
+    words_to_f32(_mm256_unpacklo_epi8(l, h), _mm256_unpackhi_epi8(l, h), f + 4);
+}
+
+INLINE float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One row: per block (pair of blocks for MXFP4) two short product chains,
+ * then the scaled sum into one of two accumulators (their FMA latency
+ * overlaps). */
+INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, int nb, const float *xb, size_t pf) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    for (int b = 0; b < nb; b++) {
+        const float *xs = xb + (size_t)b * 32;
+        if (b & 1) _mm_prefetch((const char *)el + (size_t)b * 32 + pf, _MM_HINT_T0);
+        __m256 f[4];
+        fp8x32(el + (size_t)b * 32, f);
+        __m256 d0 = _mm256_mul_ps(f[0], _mm256_load_ps(xs)), d1 = _mm256_mul_ps(f[1], _mm256_load_ps(xs + 8));
+        d0 = _mm256_fmadd_ps(f[2], _mm256_load_ps(xs + 16), d0);
+        d1 = _mm256_fmadd_ps(f[3], _mm256_load_ps(xs + 24), d1);
+        const __m256 s = _mm256_broadcast_ss(g_scale8 + sc[b]);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc0);
+    }
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const float *xb, __m256i lut_hi, __m256i lut_lo,
+                     size_t pf) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    for (int b = 0; b < nb; b += 2) {
+        const float *xs = xb + (size_t)b * 32;
+        if (b & 2) _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
+        __m256 f[8];
+        fp4x64(el + (size_t)b * 16, lut_hi, lut_lo, f);
+        __m256 d0 = _mm256_mul_ps(f[0], _mm256_load_ps(xs)), d1 = _mm256_mul_ps(f[1], _mm256_load_ps(xs + 8));
+        for (int v = 2; v < 8; v += 2) {
+            d0 = _mm256_fmadd_ps(f[v], _mm256_load_ps(xs + 8 * v), d0);
+            d1 = _mm256_fmadd_ps(f[v + 1], _mm256_load_ps(xs + 8 * v + 8), d1);
+        }
+        const __m256 s = _mm256_set_m128(_mm_broadcast_ss(g_scale4 + sc[b + 1]), _mm_broadcast_ss(g_scale4 + sc[b]));
+        if (b & 2) acc1 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc0);
+    }
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+void q3_avx2_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int r1) {
+    pthread_once(&g_once, init_tables);
+    const float *xb = xbv;
+    const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
+    const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K;
+    const uint8_t *el = W->data, *sc = W->scales;
+    const size_t pf = PF_ROWS * eb > PF_BYTES ? PF_ROWS * eb : PF_BYTES;
+    const size_t spf = PF_ROWS * (size_t)nb > SC_PF_BYTES ? PF_ROWS * (size_t)nb : SC_PF_BYTES;
+    const __m256i lut_hi = _mm256_loadu_si256((const __m256i *)g_fp4_hi),
+                  lut_lo = _mm256_loadu_si256((const __m256i *)g_fp4_lo);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
+        _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
+        out[r - r0] = fp4 ? row_fp4(e, s, nb, xb, lut_hi, lut_lo, pf) : row_fp8(e, s, nb, xb, pf);
+    }
+}
+#pragma GCC pop_options
