@@ -95,8 +95,13 @@ typedef struct {
      * products of more than Q3_LANE_TOKENS tokens run as several passes of
      * the lane GEMMs (else they take the panel GEMM). */
     int bc_mx, lane_split;
-    /* Most tokens gemm_bc takes (<= Q3_BC_TOKENS_MAX; 0: Q3_LANE_TOKENS). */
-    int bc_max_t;
+    /* Most tokens gemm_bc takes (<= Q3_BC_TOKENS_MAX; 0: Q3_LANE_TOKENS);
+     * fewest it takes for plain dtypes (fewer go to gemm_small). */
+    int bc_max_t, bc_min_t;
+    /* MX products of at most this many tokens run as one gemv_a8 per
+     * token (where gemv_a8 takes the weights): decoding a row once per
+     * token beats the GEMMs' lanes left empty. */
+    int mx_gemv_t;
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
     /* The same product for BF16 weights (even row stride) by bf16 dot
      * products, each input split into two bf16 parts (NULL: not available):

@@ -114,6 +114,9 @@ static int mx_shape_ok(const q3_mat *W, int kmax) {
 
 static int a8_shape_ok(const q3_mat *W, int kmax) { return W->a8 && mx_shape_ok(W, kmax); }
 
+/* Most tokens of the per-token MX GEMV path (its input copies). */
+enum { MX_GEMV_TOKENS = 8 };
+
 static int gemv_mx_ok(const q3_mat *W) {
     return g_k->gemv_a8 && (W->a8 || g_k->a8_prep_any) && mx_shape_ok(W, A8_KMAX);
 }
@@ -151,6 +154,18 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     }
     if (act_stale(&have, jb)) g_k->a8_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, row);
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
+}
+
+/* A few tokens against MX weights: one GEMV per token, each on its own
+ * prepared input copy (made once per thread and pass). */
+static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr) {
+    static _Thread_local float *xt;
+    static _Thread_local act_key have;
+    const q3_mat *W = jb->W;
+    if (!xt) xt = q3_malloc((size_t)MX_GEMV_TOKENS * A8_KMAX * sizeof *xt);
+    if (act_stale(&have, jb))
+        for (int t = 0; t < jb->T; t++) g_k->a8_prep(xt + (size_t)t * W->cols, jb->x + (size_t)t * jb->ldx, W->cols, W->dtype);
+    for (int t = 0; t < jb->T; t++) g_k->gemv_a8(jb->out + (size_t)t * jb->ldo + r0, xt + (size_t)t * W->cols, W, r0, r0 + nr);
 }
 
 static int bc_shape_ok(const q3_mat *W) {
@@ -203,7 +218,12 @@ static void run_panel(const q3_mm_job *jb, int r0) {
         run_gemm_bf16(jb, r0, nr);
         return;
     }
-    if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) && bc_shape_ok(W)) {
+    if (jb->T <= g_k->mx_gemv_t && jb->T <= MX_GEMV_TOKENS && gemv_mx_ok(W)) {
+        run_gemv_mx_tokens(jb, r0, nr);
+        return;
+    }
+    if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
+        (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W)) {
         run_gemm_bc(jb, r0, nr);
         return;
     }
@@ -257,7 +277,7 @@ static void run_pass(const q3_mm_job *jobs, int n);
 static int run_lane_chunked(const q3_mm_job *jobs, int n) {
     enum { MAX_JOBS = 512 };
     int npass = 0, share[MAX_JOBS];
-    if (n > MAX_JOBS || (!g_k->lane_split && !getenv("Q3_SPLIT"))) return 0;
+    if (n > MAX_JOBS || !g_k->lane_split) return 0;
     for (int j = 0; j < n; j++) {
         if (!(g_k->gemm_a8 && a8_shape_ok(jobs[j].W, Q3_LANE_KMAX)) && !bc_shape_ok(jobs[j].W)) return 0;
         const int np = (jobs[j].T + Q3_LANE_TOKENS - 1) / Q3_LANE_TOKENS;

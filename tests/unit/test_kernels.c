@@ -179,6 +179,8 @@ static void test_mx_matmul(void) {
     check_mx(Q3_MXFP8, 1, 37, 256);
     check_mx(Q3_MXFP4, 1, 37, 256);
     check_mx(Q3_MXFP8, 9, 40, 320);
+    check_mx(Q3_MXFP8, 5, 40, 320); /* a few tokens: one GEMV per token (AVX2) */
+    check_mx(Q3_MXFP4, 8, 23, 256);
     check_mx(Q3_MXFP4, 9, 40, 320);
     check_mx(Q3_MXFP4, 1, 300, 2048); /* multi-threaded */
     check_mx(Q3_MXFP4, 1, 20, 96);    /* odd number of 32-blocks */
