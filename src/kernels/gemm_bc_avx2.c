@@ -6,11 +6,13 @@
  * before use, which at 32 tokens per expert took 30 % of the expert GEMM
  * time. Here the activations are transposed instead, once per thread and
  * pass (ap[K][TP], TP = T rounded up to 8, padding zero), and the weights
- * are only widened to fp32 in stored order, KC columns of the panel's rows
- * at a time, so the weight block and the activation block stay in L1. The
- * inner loop loads the V token vectors of one k and broadcasts each row's
- * weight: R x V accumulators. Every output element is one lane summing
- * over k in order, so results do not depend on the thread count. */
+ * are only widened to fp32, the panel's 16 rows whole (one sequential
+ * stream from memory, which measured faster than widening column blocks),
+ * MX rows by gemv_mx_avx2.c's decoders in their element order, which the
+ * activations then follow. The inner loop loads the token vectors of one k
+ * and broadcasts each row's weight: R x V accumulators over KC-column
+ * blocks. Every output element is one lane summing over k in order, so
+ * results do not depend on the thread count. */
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
@@ -23,7 +25,8 @@
 
 enum { KC = 128, TMAX = Q3_BC_TOKENS_MAX };
 
-void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K) {
+void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+    static _Thread_local float row[Q3_LANE_KMAX];
     const int TP = (T + 7) & ~7;
     for (int t = 0; t < TP; t++) {
         if (t >= T) {
@@ -31,6 +34,10 @@ void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K) {
             continue;
         }
         const float *xr = x + (size_t)t * ldx;
+        if (q3_dtype_is_mx(wt)) { /* the order the MX rows are widened in */
+            q3_avx2_mx_prep(row, xr, K, wt);
+            xr = row;
+        }
         for (int k = 0; k < K; k++) ap[(size_t)k * TP + t] = xr[k];
     }
 }
@@ -94,7 +101,10 @@ void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_ma
     const int TP = (T + 7) & ~7, V = TP / 8, K = W->cols, nr = r1 - r0;
     const int ws = K + 16; /* rows K floats apart would share L1 sets */
     float st[Q3_NR * TMAX] __attribute__((aligned(32)));
-    for (int r = 0; r < nr; r++) q3_avx2_row_f32(W, r0 + r, 0, K, wbuf + (size_t)r * ws);
+    for (int r = 0; r < nr; r++) {
+        if (q3_dtype_is_mx(W->dtype)) q3_avx2_mx_row_slots(W, r0 + r, wbuf + (size_t)r * ws);
+        else q3_avx2_row_f32(W, r0 + r, 0, K, wbuf + (size_t)r * ws);
+    }
     for (int k0 = 0; k0 < K; k0 += KC) {
         const int kc = K - k0 < KC ? K - k0 : KC;
         for (int v0 = 0; v0 < V;) {

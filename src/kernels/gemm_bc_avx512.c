@@ -23,7 +23,8 @@
 
 /* ap[k][t] = x[t][k]: one gather per 16 tokens and k (lanes past T are
  * zero). The scalar transposition took 6 % of prefill. */
-void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K) {
+void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+    (void)wt; /* plain dtypes only: stored order */
     const int TP = (T + 15) & ~15;
     if (ldx > (size_t)INT32_MAX / 16) { /* gather offsets are 32-bit */
         for (int k = 0; k < K; k++)

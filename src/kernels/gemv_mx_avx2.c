@@ -154,6 +154,31 @@ INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const float *
     return hsum(_mm256_add_ps(acc0, acc1));
 }
 
+void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst) {
+    pthread_once(&g_once, init_tables);
+    const int nb = W->cols / 32;
+    const uint8_t *sc = W->scales + (size_t)r * nb;
+    if (W->dtype == Q3_MXFP4) {
+        const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (W->cols / 2);
+        const __m256i lut_hi = _mm256_loadu_si256((const __m256i *)g_fp4_hi),
+                      lut_lo = _mm256_loadu_si256((const __m256i *)g_fp4_lo);
+        for (int b = 0; b < nb; b += 2) {
+            __m256 f[8];
+            fp4x64(el + (size_t)b * 16, lut_hi, lut_lo, f);
+            const __m256 s = _mm256_set_m128(_mm_broadcast_ss(g_scale4 + sc[b + 1]), _mm_broadcast_ss(g_scale4 + sc[b]));
+            for (int v = 0; v < 8; v++) _mm256_storeu_ps(dst + (size_t)b * 32 + 8 * v, _mm256_mul_ps(f[v], s));
+        }
+        return;
+    }
+    const uint8_t *el = (const uint8_t *)W->data + (size_t)r * W->cols;
+    for (int b = 0; b < nb; b++) {
+        __m256 f[4];
+        fp8x32(el + (size_t)b * 32, f);
+        const __m256 s = _mm256_broadcast_ss(g_scale8 + sc[b]);
+        for (int v = 0; v < 4; v++) _mm256_storeu_ps(dst + (size_t)b * 32 + 8 * v, _mm256_mul_ps(f[v], s));
+    }
+}
+
 void q3_avx2_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int r1) {
     pthread_once(&g_once, init_tables);
     const float *xb = xbv;

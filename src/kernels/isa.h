@@ -88,10 +88,11 @@ typedef struct {
     /* Weights-broadcast GEMM (plain dtypes, cs == 1, K % 16 == 0, 2 ..
      * Q3_LANE_TOKENS tokens, K <= Q3_LANE_KMAX; NULL: not available):
      * bc_pack_act writes the T rows of x as ap[K][TP] (TP = T rounded up to
-     * 16, padding zero); gemm_bc computes out[t][r], r in [r0, r1), t < T,
-     * widening each weight row once (wbuf: 8 * K floats of scratch). */
-    void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K);
-    /* bc_mx: gemm_bc also takes MX weights (cols % 32 == 0). lane_split:
+     * 16, padding zero; its k order may depend on the weights' dtype wt);
+     * gemm_bc computes out[t][r], r in [r0, r1), t < T, widening each
+     * weight row once (wbuf: Q3_NR * (K + 16) floats of scratch). */
+    void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
+    /* bc_mx: gemm_bc also takes MX weights (cols % 64 == 0). lane_split:
      * products of more than Q3_LANE_TOKENS tokens run as several passes of
      * the lane GEMMs (else they take the panel GEMM). */
     int bc_mx, lane_split;
@@ -125,19 +126,22 @@ extern const q3_isa_kernels q3_kernels_scalar;
 extern const q3_isa_kernels q3_kernels_avx2;
 extern const q3_isa_kernels q3_kernels_avx512;
 /* gemm_bc_avx512.c */
-void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K);
+void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
 /* gemm_bf16_avx512bf16.c */
 void q3_avx512bf16_bf16_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, uint32_t *row);
 void q3_avx512bf16_gemm_bf16(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1);
-/* isa_avx2.c: W[r, k0 .. k0+n) widened to fp32 (n % 16 == 0; MX: k0 and n % 32 == 0). */
+/* isa_avx2.c: W[r, k0 .. k0+n) of a plain-dtype W widened to fp32 (n % 8 == 0). */
 void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);
-/* gemm_bc_avx2.c: as gemm_bc_avx512.c, TP = T rounded up to 8. */
-void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K);
+/* gemm_bc_avx2.c: as gemm_bc_avx512.c, TP = T rounded up to 8; for MX
+ * weights ap's k order is gemv_mx_avx2.c's (q3_avx2_mx_prep). */
+void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
 void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
 /* gemv_mx_avx2.c */
 void q3_avx2_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
 void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);
+/* Row r of MX matrix W, block scales applied, in q3_avx2_mx_prep's order. */
+void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
 

@@ -148,10 +148,6 @@ static void mx_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
 }
 
 void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
-    if (q3_dtype_is_mx(W->dtype)) {
-        mx_row_f32(W, r, k0, n, dst);
-        return;
-    }
     const size_t o = (size_t)r * (W->rs ? W->rs : (size_t)W->cols) + (size_t)k0;
     switch (W->dtype) {
     case Q3_BF16:

@@ -170,7 +170,7 @@ static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr) {
 
 static int bc_shape_ok(const q3_mat *W) {
     const int mx = q3_dtype_is_mx(W->dtype);
-    return g_k->gemm_bc && (!mx || (g_k->bc_mx && W->cols % 32 == 0)) && cs_of(W) == 1 && W->cols % 16 == 0 &&
+    return g_k->gemm_bc && (!mx || (g_k->bc_mx && W->cols % 64 == 0)) && cs_of(W) == 1 && W->cols % 16 == 0 &&
            W->cols <= Q3_LANE_KMAX;
 }
 
@@ -196,7 +196,7 @@ static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
         ap = q3_malloc((size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX * sizeof *ap);
         wbuf = q3_malloc((size_t)Q3_NR * (Q3_LANE_KMAX + 16) * sizeof *wbuf);
     }
-    if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols);
+    if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, jb->W->dtype);
     g_k->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
 
