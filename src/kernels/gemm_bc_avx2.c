@@ -42,9 +42,9 @@ void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3
     }
 }
 
-/* Rows w[0 .. R) (KC apart, R <= 8) against V (<= 3) token vectors of ap (TP floats per
- * k) over kc columns; acc[i][v] starts from and returns to st (rows TMAX
- * floats apart), or from zero when fresh. */
+/* Rows w[0 .. R) (ws floats apart, R <= 8) against V (<= 3) token vectors
+ * of ap (TP floats per k) over kc columns; acc[i][v] starts from and
+ * returns to st (rows TMAX floats apart), or from zero when fresh. */
 INLINE void tile(float *st, const float *w, int ws, const float *ap, int TP, int kc, int R, int V, int fresh) {
     __m256 acc[8][3];
 #pragma GCC unroll 8

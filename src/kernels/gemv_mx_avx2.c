@@ -14,17 +14,19 @@
  *   (arithmetic) and masked keeps the sign at bit 15 and puts the 7
  *   magnitude bits at 10..4; that word as the top half of an fp32 is the
  *   E4M3 value times 2^-120, subnormals included (the scale table takes the
- *   2^120 back). 10 shuffles/shifts/ands for 32 elements, about a third of
- *   widening each byte to 32 bits first (the fp32 kernel in isa_avx2.c).
+ *   2^120 back). 9 shifts and masks for 32 elements, against about 24 to
+ *   widen each byte to 32 bits first (the fp32 kernel in isa_avx2.c).
  * - E2M1: the nibbles become byte indices of two 16-entry lookups giving
- *   the high and low byte of the element's bf16 value (exact: at most 2
- *   significant bits), interleaved to bf16 words, then to fp32 as for E4M3.
+ *   the high and low byte of twice the element's value as bf16 (exact: at
+ *   most 2 significant bits), interleaved to bf16 words, then to fp32 as
+ *   for E4M3.
  * Every product is an fp32 FMA of an exactly decoded element and the input;
- * the block sum is scaled once by 2^(code-127) (E8M0 code 0xFF is NaN). */
+ * the block sum is scaled once by 2^(code-127) (E8M0 code 0xFF is NaN).
+ * The same decoders widen MX rows for the AVX2 broadcast GEMM
+ * (q3_avx2_mx_row_slots). */
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 
@@ -38,21 +40,20 @@
  * GEMV: the hardware prefetcher stops at every 4 KiB page edge. */
 enum { PF_BYTES = 4096, PF_ROWS = 4, SC_PF_BYTES = 256 };
 
-/* E8M0 code -> the block factor (times 2^120 for the E4M3 decoder). */
-static float g_scale8[256], g_scale4[256];
-/* bf16 high and low byte of the 16 E2M1 values, twice (one per lane). */
+/* E8M0 code -> the block factor, shared with isa_avx2.c's decoders (times
+ * 2^120 for E4M3, 1/2 for E2M1 decoded as twice its value). */
+static const float *g_scale8, *g_scale4;
+/* bf16 high and low byte of twice the 16 E2M1 values, twice (one per lane). */
 static uint8_t g_fp4_hi[32], g_fp4_lo[32];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void init_tables(void) {
     for (int c = 0; c < 32; c++) {
-        const uint16_t w = q3_f32_to_bf16(q3_e2m1_lut[c & 15]); /* exact: at most 2 significant bits */
+        const uint16_t w = q3_f32_to_bf16(2.0f * q3_e2m1_lut[c & 15]); /* exact: at most 2 significant bits */
         g_fp4_hi[c] = (uint8_t)(w >> 8), g_fp4_lo[c] = (uint8_t)w;
     }
-    for (int c = 0; c < 256; c++) {
-        g_scale8[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 + 120);
-        g_scale4[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127);
-    }
+    g_scale8 = q3_mx_scale_table(Q3_MXFP8);
+    g_scale4 = q3_mx_scale_table(Q3_MXFP4);
 }
 
 /* Input order: MXFP8 per 32-block, slot 8v + 4l + j of the copy (vector

@@ -85,10 +85,11 @@ typedef struct {
      * kernels. */
     void (*a8_pack_act)(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *row);
     int (*gemm_a8)(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf);
-    /* Weights-broadcast GEMM (plain dtypes, cs == 1, K % 16 == 0, 2 ..
-     * Q3_LANE_TOKENS tokens, K <= Q3_LANE_KMAX; NULL: not available):
-     * bc_pack_act writes the T rows of x as ap[K][TP] (TP = T rounded up to
-     * 16, padding zero; its k order may depend on the weights' dtype wt);
+    /* Weights-broadcast GEMM (plain dtypes, MX too where bc_mx; cs == 1,
+     * K % 16 == 0, 2 .. bc_max_t tokens, K <= Q3_LANE_KMAX; NULL: not
+     * available): bc_pack_act writes the T rows of x as ap[K][TP] (TP = T
+     * rounded up to 16, 8 on AVX2; padding zero; its k order may depend on
+     * the weights' dtype wt);
      * gemm_bc computes out[t][r], r in [r0, r1), t < T, widening each
      * weight row once (wbuf: Q3_NR * (K + 16) floats of scratch). */
     void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
