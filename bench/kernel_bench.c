@@ -1,6 +1,7 @@
 /* Kernel micro-benchmark: GEMV bandwidth (one token, BF16 weights) and GEMM
  * GFLOP/s per ISA. Usage: build/kernel_bench [rows cols tokens reps]
- * MX GEMV (MXFP4 / MXFP8 weights, fp32 and A8 inputs) and a GEMM of
+ * MX GEMV (MXFP4 / MXFP8 / MXINT8 weights; fp32, MXFP8 (A8) and MXINT8
+ * (A8i) inputs) and a GEMM of
  * `tokens` (default 32, at most 48) per ISA:
  *   build/kernel_bench mx [rows cols reps tokens]
  * Decode MoE passes (8 of E MXFP4 A8 experts per token, gate+up then down):
@@ -18,6 +19,7 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "io/safetensors.h"
 #include "kernels/kernels.h"
 #include "quant/mx.h"
 
@@ -53,15 +55,14 @@ static double read_time(const void *p, size_t n, int reps) {
 }
 
 static int mx_bench(int M, int K, int reps, int T) {
-    float *row = malloc((size_t)K * 4), *x = malloc((size_t)K * 4), *out = malloc((size_t)M * 4 * 32);
-    for (int k = 0; k < K; k++) x[k] = (float)((k * 40503u) % 1000) / 500.0f - 1.0f;
-    if (q3_mx_fake_quant_row(Q3_MXFP8, x, (size_t)K, x)) return 1;
+    float *row = malloc((size_t)K * 4), *x0 = malloc((size_t)K * 4), *x = malloc((size_t)K * 4), *out = malloc((size_t)M * 4 * 32);
+    for (int k = 0; k < K; k++) x0[k] = (float)((k * 40503u) % 1000) / 500.0f - 1.0f;
     if (T < 1 || T > 48) T = 32;
     float *xs = malloc((size_t)T * K * 4);
-    for (int t = 0; t < T; t++)
-        for (int k = 0; k < K; k++) xs[(size_t)t * K + k] = x[(k + 32 * t) % K];
-    for (int f = 0; f < 2; f++) {
-        const q3_dtype dt = f ? Q3_MXFP8 : Q3_MXFP4;
+    static const char *act_name[] = {"   ", " A8", " A8i"};
+    const q3_dtype dts[] = {Q3_MXFP4, Q3_MXFP8, Q3_MXINT8};
+    for (int f = 0; f < 3; f++) {
+        const q3_dtype dt = dts[f];
         const size_t eb = q3_mx_elem_bytes(dt, (size_t)K), sb = (size_t)K / 32;
         uint8_t *el = big_alloc((size_t)M * eb), *sc = big_alloc((size_t)M * sb);
         for (int r = 0; r < M; r++) {
@@ -71,8 +72,13 @@ static int mx_bench(int M, int K, int reps, int T) {
         for (int isa = Q3_ISA_SCALAR + 1; isa < Q3_ISA_COUNT; isa++) {
             q3_kernels_force((q3_isa)isa);
             if ((int)q3_kernels_isa() != isa) continue;
-            for (int a8 = 0; a8 < 2; a8++) {
-                q3_mat W = {.data = el, .dtype = dt, .rows = M, .cols = K, .scales = sc, .a8 = a8};
+            for (int act = 0; act < 3; act++) { /* inputs: fp32, MXFP8, MXINT8 */
+                if (act == 1 && dt == Q3_MXINT8) continue; /* no scheme pairs these */
+                memcpy(x, x0, (size_t)K * 4);
+                if (act && q3_mx_fake_quant_row(act == 1 ? Q3_MXFP8 : Q3_MXINT8, x, (size_t)K, x)) return 1;
+                for (int t = 0; t < T; t++)
+                    for (int k = 0; k < K; k++) xs[(size_t)t * K + k] = x[(k + 32 * t) % K];
+                q3_mat W = {.data = el, .dtype = dt, .rows = M, .cols = K, .scales = sc, .a8 = act > 0, .ai8 = act == 2};
                 double best = 1e30;
                 for (int r = 0; r < reps; r++) {
                     double t0 = omp_get_wtime();
@@ -81,9 +87,9 @@ static int mx_bench(int M, int K, int reps, int T) {
                     if (t1 - t0 < best) best = t1 - t0;
                 }
                 const double rd = read_time(el, (size_t)M * eb, reps) + read_time(sc, (size_t)M * sb, reps);
-                printf("%-10s %s%s gemv %dx%d: %.2f ms, %.1f G elements/s, %.1f GB/s (%.0f %% of a plain read of the same "
-                       "bytes)\n",
-                       q3_isa_name(q3_kernels_isa()), dt == Q3_MXFP4 ? "MXFP4" : "MXFP8", a8 ? " A8" : "   ", M, K, best * 1e3,
+                printf("%-10s %s%-4s gemv %dx%d: %.2f ms, %.1f G elements/s, %.1f GB/s (%.0f %% of a plain read of the "
+                       "same bytes)\n",
+                       q3_isa_name(q3_kernels_isa()), q3_dtype_name(dt), act_name[act], M, K, best * 1e3,
                        (double)M * K / best / 1e9, (double)M * (eb + sb) / best / 1e9, 100 * rd / best);
                 /* An expert-sized GEMM: T tokens over the first rows. */
                 const int Mg = M < 1536 ? M : 1536;
@@ -96,13 +102,13 @@ static int mx_bench(int M, int K, int reps, int T) {
                     double t1 = omp_get_wtime();
                     if (t1 - t0 < best) best = t1 - t0;
                 }
-                printf("%-10s %s%s gemm T=%d %dx%d: %.1f GFLOP/s\n", q3_isa_name(q3_kernels_isa()), dt == Q3_MXFP4 ? "MXFP4" : "MXFP8",
-                       a8 ? " A8" : "   ", T, Mg, K, 2.0 * T * Mg * K / best / 1e9);
+                printf("%-10s %s%-4s gemm T=%d %dx%d: %.1f GFLOP/s\n", q3_isa_name(q3_kernels_isa()), q3_dtype_name(dt),
+                       act_name[act], T, Mg, K, 2.0 * T * Mg * K / best / 1e9);
             }
         }
         free(el), free(sc);
     }
-    free(row), free(x), free(xs), free(out);
+    free(row), free(x0), free(x), free(xs), free(out);
     return 0;
 }
 

@@ -42,6 +42,7 @@ IDS = [1, 17, 200, 3, 511, 42, 7, 300]
 SCHEMES = {  # name: (--ffn, --attn, --act)
     "w4a8": ("mxfp4", "mxfp8", "mxfp8"),
     "w8a8": ("mxfp8", "mxfp8", "mxfp8"),
+    "w4a8i": ("mxfp4", "mxint8", "mxint8"),
     "w4": ("mxfp4", "mxfp4", "none"),
     "w8": ("mxfp8", "mxfp8", "none"),
     "bf16": ("bf16", "bf16", "none"),
@@ -78,7 +79,7 @@ def logits(m, out, *extra, env=None, ids=IDS):
 
 # ------------------------------------------------------- the file format
 
-DTYPES = {0: "F32", 1: "F16", 2: "BF16", 3: "MXFP8", 4: "MXFP4"}
+DTYPES = {0: "F32", 1: "F16", 2: "BF16", 3: "MXFP8", 4: "MXFP4", 5: "MXINT8"}
 SECTIONS = {1: "config.json", 2: "tokenizer.json", 3: "tokenizer_config.json"}
 FNV_BASIS, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
 
@@ -214,7 +215,7 @@ def test_scheme_layout_and_run(tiny, converted, tmp_path, scheme):
     assert hdr["file_size"] == len(raw) and hdr["table_offset"] == 128
     assert hdr["checksum"] == table_checksum(raw)
     assert hdr["scheme"] == ({"bf16": "BF16"}.get(ffn, ffn.upper()), {"bf16": "BF16"}.get(attn, attn.upper()),
-                             1 if act == "mxfp8" else 0)
+                             {"mxfp8": 1, "mxint8": 2}.get(act, 0))
     assert list(secs) == ["config.json"]  # no tokenizer in this checkpoint
     src = read_safetensors(tiny)
     assert set(tensors) == set(src)
@@ -253,13 +254,13 @@ def test_mx_tensors_decode_to_mx_ref(tiny, converted):
     src = read_safetensors(tiny)
     picks = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.o_proj.weight",
              "model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.1.mlp.experts.15.down_proj.weight"]
-    for scheme in ("w4a8", "w8"):
+    for scheme in ("w4a8", "w8", "w4a8i"):
         raw = converted(scheme).read_bytes()
         _, _, tensors = parse_q3m(raw)
         for name in picks:
             t = tensors[name]
             x = to_f32(*src[name][:2], src[name][2])
-            q = mx_ref.quantize_mxfp4 if t["dtype"] == "MXFP4" else mx_ref.quantize_mxfp8
+            q = {"MXFP4": mx_ref.quantize_mxfp4, "MXFP8": mx_ref.quantize_mxfp8, "MXINT8": mx_ref.quantize_mxint8}[t["dtype"]]
             scales, elems = q(x)
             got_e = raw[t["data_offset"]:t["data_offset"] + t["data_size"]]
             got_s = raw[t["scales_offset"]:t["scales_offset"] + t["scales_size"]]

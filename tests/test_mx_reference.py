@@ -1,7 +1,8 @@
 """The C MX quantizer (src/quant) against the numpy reference (tools/mx_ref.py),
 bit for bit, on ~100k values chosen to hit every rounding path: all scales
 from fp32 subnormals to FLT_MAX, zeros of both signs, exact ties and their
-float neighbours, saturation, and raw random bit patterns.
+float neighbours, saturation, and raw random bit patterns. Formats: MXFP8,
+MXFP4 and MXINT8.
 
 The C side is built here into a shared object and called through ctypes."""
 import ctypes
@@ -16,8 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import mx_ref  # noqa: E402
 
-MXFP8, MXFP4 = 3, 4  # q3_dtype values (src/kernels/dtype.h)
-FMT = {MXFP8: ("mxfp8", mx_ref.E4M3), MXFP4: ("mxfp4", mx_ref.E2M1)}
+MXFP8, MXFP4, MXINT8 = 3, 4, 5  # q3_dtype values (src/kernels/dtype.h)
+FMT = {MXFP8: ("mxfp8", mx_ref.E4M3), MXFP4: ("mxfp4", mx_ref.E2M1), MXINT8: ("mxint8", mx_ref.INT8)}
+TYPES = pytest.mark.parametrize("t", list(FMT), ids=[FMT[t][0] for t in FMT])  # -k mxint8 picks one
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def c_quantize(lib, t, x):
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = x.size
     scales = np.zeros(n // 32, np.uint8)
-    elems = np.zeros(n if t == MXFP8 else n // 2, np.uint8)
+    elems = np.zeros(n // 2 if t == MXFP4 else n, np.uint8)
     rc = lib.q3_mx_quantize_row(t, ptr(x, ctypes.c_float), n, ptr(scales, ctypes.c_uint8),
                                 ptr(elems, ctypes.c_uint8))
     return rc, scales, elems
@@ -89,6 +91,25 @@ def tie_blocks(rng, fmt, count):
     return out.reshape(-1)
 
 
+def saturation_blocks(rng, fmt, count):
+    """Blocks whose entries, scaled, lie between the largest element value and
+    2^(emax+1) (so all saturate or round down to the top), at the midpoint of
+    the two (the rounding boundary, and its float32 neighbours) and elsewhere."""
+    top, limit = fmt.grid[-1], 2.0 ** (fmt.emax + 1)
+    out = np.empty((count, 32), np.float32)
+    for b in range(count):
+        k = int(rng.integers(-126, 128))
+        mid = np.float32(np.ldexp((top + limit) / 2, k - fmt.emax))  # exact: few significant bits
+        vals = np.array([mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf)),
+                         np.float32(np.ldexp(top, k - fmt.emax))], np.float32)
+        with np.errstate(over="ignore"):  # k = 127: a value rounding up to 2^128 in float32 is inf
+            more = np.ldexp(rng.uniform(top, limit, 28), k - fmt.emax).astype(np.float32)
+        vals = np.concatenate([vals, np.where(np.isfinite(more), more, np.finfo(np.float32).max)])
+        out[b] = vals * rng.choice([-1, 1], 32).astype(np.float32)
+        rng.shuffle(out[b])
+    return out.reshape(-1)
+
+
 def varied_values(rng, fmt):
     parts = []
     # random mantissas, one magnitude per block, spanning all of fp32
@@ -117,6 +138,7 @@ def varied_values(rng, fmt):
     h[40:, 1:] = rng.uniform(-1, 1, (20, 31)).astype(np.float32) * np.float32(2.0 ** 61)
     parts.append(h.reshape(-1))
     parts.append(tie_blocks(rng, fmt, 1000))
+    parts.append(saturation_blocks(rng, fmt, 100))
     # raw random bit patterns (every exponent), non-finite ones replaced
     raw = rng.integers(0, 1 << 32, 800 * 32, dtype=np.uint64).astype(np.uint32).view(np.float32)
     parts.append(np.where(np.isfinite(raw), raw, np.float32(1.0)))
@@ -125,7 +147,7 @@ def varied_values(rng, fmt):
     return x
 
 
-@pytest.mark.parametrize("t", [MXFP8, MXFP4])
+@TYPES
 def test_quantize_matches_reference(lib, t):
     name, fmt = FMT[t]
     x = varied_values(np.random.default_rng(1234 + t), fmt)
@@ -137,6 +159,8 @@ def test_quantize_matches_reference(lib, t):
     assert bad.size == 0, f"scale mismatch at blocks {bad[:5]}: C {scales[bad[:5]]} ref {ref_scales[bad[:5]]}"
     bad = np.flatnonzero(elems != ref_elems)
     assert bad.size == 0, f"element bytes differ at {bad[:5]}: C {elems[bad[:5]]} ref {ref_elems[bad[:5]]}"
+    if t == MXINT8:  # symmetric saturation: -128 is decodable but never produced
+        assert not (ref_elems == 0x80).any()
 
     y = c_dequantize(lib, t, scales, elems, x.size)
     ref_y = mx_ref.dequantize(name, ref_scales, ref_elems)
@@ -146,13 +170,13 @@ def test_quantize_matches_reference(lib, t):
     assert np.array_equal(getattr(mx_ref, "fake_quant_" + name)(x).view(np.uint32), ref_y.view(np.uint32))
 
 
-@pytest.mark.parametrize("t", [MXFP8, MXFP4])
+@TYPES
 def test_dequantize_every_code(lib, t):
     """Every element code under a spread of scale codes (NaN scale included)."""
     name, fmt = FMT[t]
-    codes = np.arange(256 if t == MXFP8 else 16, dtype=np.uint8)
+    codes = np.arange(16 if t == MXFP4 else 256, dtype=np.uint8)
     codes = np.resize(codes, 32 * 64)
-    elems = codes if t == MXFP8 else mx_ref.pack_fp4(codes)
+    elems = mx_ref.pack_fp4(codes) if t == MXFP4 else codes
     scales = np.array([0, 1, 2, 60, 100, 117, 119, 126, 127, 128, 140, 200, 240, 246, 252, 255] * 4, np.uint8)
     y = c_dequantize(lib, t, scales, elems, codes.size)
     with np.errstate(over="ignore"):
@@ -160,6 +184,16 @@ def test_dequantize_every_code(lib, t):
     nan = np.isnan(ref)
     assert np.array_equal(np.isnan(y), nan)
     assert np.array_equal(y[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+    if t == MXINT8:  # the decode table by hand: two's complement over 64; 0x80 is -2
+        scale = np.repeat(np.ldexp(1.0, scales.astype(int) - 127), 32)
+        k = codes.astype(np.int64)
+        want = np.where(k >= 128, k - 256, k) / 64.0 * scale
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = want.astype(np.float32)
+        assert np.array_equal(ref[~nan].view(np.uint32), want[~nan].view(np.uint32))
+        assert np.array_equal(np.isnan(ref), scales.repeat(32) == 255)
+        y = c_dequantize(lib, t, np.array([0, 127, 200, 254], np.uint8), np.full(128, 0x80, np.uint8), 128)
+        assert list(y[::32]) == [-2.0 ** -126, -2.0, -2.0 ** 74, -np.inf]  # -2^128 overflows float32
 
 
 def test_hand_vectors():
@@ -177,7 +211,28 @@ def test_hand_vectors():
     assert mx_ref.quantize_mxfp4(-np.zeros(32, np.float32))[1][0] == 0x88
 
 
-@pytest.mark.parametrize("t", [MXFP8, MXFP4])
+def test_hand_vectors_mxint8():
+    x = np.zeros(32, np.float32)
+    x[:4] = [3.0, -0.7, 0.3, 1.25]  # shared 1: elements x * 32 -> 96, -22.4, 9.6, 40
+    s, c = mx_ref.quantize_mxint8(x)
+    assert s[0] == 128 and list(c[:5]) == [0x60, 0xEA, 0x0A, 0x28, 0x00]
+    assert list(mx_ref.fake_quant_mxint8(x)[:4]) == [3.0, -0.6875, 0.3125, 1.25]
+    # shared 0 (max 1.0): ties to even, saturation at 127/64 on both sides, zeros of both signs
+    k = [0.5, 1.5, 2.5, -1.5, -0.5, 126.5, 127.5, -127.5, -127.25, 64]
+    x = np.array([v / 64 for v in k] + [-0.0, 0.0] + [1.0] * 20, np.float32)
+    s, c = mx_ref.quantize_mxint8(x)
+    assert s[0] == 127
+    assert list(c[:12].view(np.int8)) == [0, 2, 2, -2, 0, 126, 127, -127, -127, 64, 0, 0]
+    assert not np.signbit(mx_ref.fake_quant_mxint8(x)[[0, 4, 10]]).any()  # no negative zero
+    # scale extremes: FLT_MAX saturates under 2^127; below 2^-127 the scale stays 2^-127
+    s, c = mx_ref.quantize_mxint8(np.full(32, -np.finfo(np.float32).max))
+    assert s[0] == 254 and c[0] == 0x81
+    s, c = mx_ref.quantize_mxint8(np.full(32, 1.5 * 2.0 ** -130, np.float32))  # 1.5 * 2^-3 * 64 = 12
+    assert s[0] == 0 and c[0] == 12
+    assert mx_ref.dequantize("mxint8", np.array([127], np.uint8), np.full(32, 0x80, np.uint8))[0] == -2.0
+
+
+@TYPES
 def test_errors_agree(lib, t):
     name = FMT[t][0]
     x = np.ones(64, np.float32)

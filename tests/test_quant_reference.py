@@ -9,9 +9,10 @@ test_reference.py: closer than that, either pick is within tolerance).
 
 The scheme contract (what both sides compute): --ffn fake-quantizes every
 expert and dense-MLP gate/up/down weight row by row in 32-blocks along the
-input dimension, --attn every q/k/v/o_proj weight; --act mxfp8 also takes the
-input of every quantized linear through MXFP8. Embeddings, norms, the router
-and lm_head stay as stored.
+input dimension, --attn every q/k/v/o_proj weight, --head lm_head (each
+MXFP4, MXFP8, MXINT8 or as stored); --act mxfp8 / mxint8 also takes the input
+of every quantized linear through that format. Embeddings, norms, the router
+and (without --head) lm_head stay as stored.
 
 The reference-only tests at the end check that the scheme flags of
 reference.py do what they say, independently of the engine.
@@ -39,6 +40,10 @@ SCHEMES = {
     "w8_weight_only": ("mxfp8", "mxfp8", "none"),
     "w4a8_head8": ("mxfp4", "mxfp8", "mxfp8", "mxfp8"),
     "w4_head4": ("mxfp4", "bf16", "none", "mxfp4"),
+    "w4a8i": ("mxfp4", "mxint8", "mxint8"),
+    "w8a8i": ("mxint8", "mxint8", "mxint8"),
+    "w4a8i_head8i": ("mxfp4", "mxint8", "mxint8", "mxint8"),
+    "w8i_weight_only": ("mxint8", "mxint8", "none"),
 }
 SMALL = ["--preset", "tiny", "--layers", "2", "--vocab", "512", "--tokenizer", "none"]
 CHECKPOINTS = {
@@ -121,26 +126,40 @@ def test_quantized_logits_match_reference(ckpt, scheme, checkpoint, tmp_path):
 
 @pytest.fixture(scope="module")
 def ref_models(checkpoint):
+    """(moe checkpoint dir, {"plain" or a SCHEMES name: reference.Model}), each model made on first use."""
     d = checkpoint("moe")
-    return d, {"plain": reference.Model(str(d)), "w4a8": reference.Model(str(d), *SCHEMES["w4a8"])}
+
+    class Models(dict):
+        def __missing__(self, name):
+            self[name] = reference.Model(str(d), *SCHEMES.get(name, ()))
+            return self[name]
+
+    return d, Models()
 
 
-def test_reference_quantizes_the_right_weights(ref_models):
+def mx_roundtrip(fmt, w):
+    return mx_ref.dequantize(fmt, *getattr(mx_ref, f"quantize_{fmt}")(w.astype(np.float32))).astype(np.float64)
+
+
+@pytest.mark.parametrize("scheme", ["w4a8", "w8a8i", "w4a8i_head8i"])
+def test_reference_quantizes_the_right_weights(ref_models, scheme):
     _, models = ref_models
-    plain, q = models["plain"], models["w4a8"]
+    plain, q = models["plain"], models[scheme]
+    ffn, attn, _, head = (SCHEMES[scheme] + ("bf16",))[:4]
     changed = {n for n in plain.w if not np.array_equal(plain.w[n], q.w[n])}
     for name in plain.w:
         if ".self_attn." in name and name.endswith("_proj.weight"):
-            fmt = "mxfp8"
+            fmt = attn
         elif ".mlp." in name and name.endswith("_proj.weight"):
-            fmt = "mxfp4"  # experts and dense MLPs; the router is mlp.gate.weight
+            fmt = ffn  # experts and dense MLPs; the router is mlp.gate.weight
         else:
             assert name not in changed, f"{name} is not part of the scheme but was changed"
             continue
-        want = mx_ref.dequantize(fmt, *getattr(mx_ref, f"quantize_{fmt}")(plain.w[name].astype(np.float32)))
-        assert np.array_equal(q.w[name], want.astype(np.float64)), name
+        assert np.array_equal(q.w[name], mx_roundtrip(fmt, plain.w[name])), name
     assert any(".experts." in n for n in changed) and any(".o_proj." in n for n in changed)
     assert "model.layers.0.mlp.gate.weight" in plain.w and "model.layers.0.mlp.gate.weight" not in changed
+    want_head = plain.lm_head if head == "bf16" else mx_roundtrip(head, plain.w["lm_head.weight"])
+    assert np.array_equal(q.lm_head, want_head)
 
 
 def test_reference_scheme_flags(ref_models, tmp_path):
@@ -167,6 +186,53 @@ def test_reference_scheme_flags(ref_models, tmp_path):
     # --head quantizes lm_head (and, under --act mxfp8, its input) by more than the tolerance
     head8 = reference.Model(str(d), "mxfp4", "mxfp8", "mxfp8", "mxfp8")
     assert np.abs(head8.forward(ids, head8.new_cache()) - w4a8).max() > 10 * tol
+
+
+def test_reference_mxint8_scheme_flags(ref_models, tmp_path):
+    """Each MXINT8 part of a scheme moves the logits by far more than the engine test's
+    tolerance, away from both leaving it out and using the MXFP format in its place, so an
+    engine that skipped it or quietly took MXFP8 instead would fail that test."""
+    d, models = ref_models
+    ids = case_ids("moe")[:6]
+
+    def logits(m):
+        return m.forward(ids, m.new_cache())
+
+    def scheme(*flags):  # (--ffn, --attn, --act[, --head])
+        return logits(reference.Model(str(d), *flags))
+
+    plain = logits(models["plain"])
+    tol = 1e-3 * max(1.0, float(np.abs(plain).max()))
+
+    def far(a, b, what):
+        assert np.abs(a - b).max() > 10 * tol, what
+
+    # --act mxint8 only touches the inputs of quantized linears
+    assert np.array_equal(scheme("bf16", "bf16", "mxint8"), plain)
+    w4a8i = logits(models["w4a8i"])
+    far(w4a8i, scheme("mxfp4", "mxint8", "none"), "--act mxint8 should change the logits")
+    far(w4a8i, scheme("mxfp4", "mxint8", "mxfp8"), "--act mxint8 and --act mxfp8 should differ")
+    # MXINT8 weights
+    w8i = logits(models["w8i_weight_only"])
+    far(w8i, plain, "MXINT8 weights should change the logits")
+    far(w8i, scheme("mxfp8", "mxint8", "none"), "--ffn mxint8 and --ffn mxfp8 should differ")
+    far(w8i, scheme("mxint8", "mxfp8", "none"), "--attn mxint8 and --attn mxfp8 should differ")
+    far(logits(models["w8a8i"]), w8i, "--act mxint8 should change a W8 (MXINT8) model")
+    # --head mxint8 (its input through MXINT8 too under --act mxint8)
+    head8i = logits(models["w4a8i_head8i"])
+    far(head8i, w4a8i, "--head mxint8 should change the logits")
+    far(head8i, scheme("mxfp4", "mxint8", "mxint8", "mxfp8"), "--head mxint8 and --head mxfp8 should differ")
+    # the CLI flags reach the model; prefill and one-token steps agree under MXINT8 activations
+    got = reference_logits(d, ids, scheme_flags("w4a8i_head8i"), tmp_path / "cli.bin")
+    assert np.allclose(got, head8i, rtol=0, atol=1e-5)
+    m = models["w4a8i_head8i"]
+    cache = m.new_cache()
+    steps = np.concatenate([m.forward([i], cache) for i in ids])
+    assert np.abs(steps - head8i).max() < 1e-9
+    # activations take an MX format of the engine's, and weights an MX format or bf16
+    for bad in ({"act": "mxfp4"}, {"act": "int8"}, {"ffn": "none"}, {"head": "mxint4"}):
+        with pytest.raises(ValueError):
+            reference.Model(str(d), **bad)
 
 
 def test_head_refused_for_tied_embeddings(tmp_path):

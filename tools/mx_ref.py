@@ -3,23 +3,32 @@
 
 Written from the format description alone, independently of src/quant, so
 tests/test_mx_reference.py can compare the two bit for bit. The method differs
-on purpose: elements are rounded by searching a table of every representable
-magnitude rather than by exponent/mantissa arithmetic.
+on purpose: float elements are rounded by searching a table of every
+representable magnitude rather than by exponent/mantissa arithmetic; INT8
+elements by np.rint (round half to even) in float64, where every step is exact.
 
 Blocks of 32 consecutive values along the last axis share an E8M0 scale
 2^(code - 127). For a block with largest magnitude amax:
-    shared = floor(log2(amax)) - emax   (emax: 8 for FP8 E4M3, 2 for FP4 E2M1)
-    clamped to [-127, 127]; an all-zero block gets -127 (scale code 0);
-    element = value / 2^shared rounded to the nearest representable value,
-    ties to the even code, saturating at +-448 / +-6; the sign of zero is kept.
+    shared = floor(log2(amax)) - emax
+        (emax: 8 for FP8 E4M3, 2 for FP4 E2M1, 0 for INT8)
+    clamped to [-127, 127]; an all-zero block gets -127 (scale code 0).
+MXFP8 / MXFP4: element = value / 2^shared rounded to the nearest representable
+    value, ties to the even code, saturating at +-448 / +-6; the sign of zero
+    is kept.
+MXINT8: element = two's-complement int8 k standing for k / 64 (implicit scale
+    2^-6), k = value / 2^shared * 64 rounded to the nearest integer, ties to
+    even, clamped to [-127, 127] (symmetric: -128 is never produced, though
+    code 0x80 decodes to -2); zero of either sign is code 0, i.e. +0.
 Inputs are taken as float32 (what the engine holds); NaN or infinity, or a
 last axis that is not a multiple of 32, raise ValueError.
 
-Layouts match the engine: scales [..., n/32] uint8; MXFP8 codes [..., n] uint8;
-MXFP4 codes packed two per byte [..., n/2], element 2i in the low nibble.
+Layouts match the engine: scales [..., n/32] uint8; MXFP8 and MXINT8 codes
+[..., n] uint8 (MXINT8: the int8 bit pattern); MXFP4 codes packed two per byte
+[..., n/2], element 2i in the low nibble.
 
-fake_quant_mxfp8(x) / fake_quant_mxfp4(x) quantize and dequantize, returning
-float32 of x's shape: what a tensor looks like after passing through MX.
+fake_quant_mxfp8(x) / fake_quant_mxfp4(x) / fake_quant_mxint8(x) quantize and
+dequantize, returning float32 of x's shape: what a tensor looks like after
+passing through MX.
 """
 import numpy as np
 
@@ -68,6 +77,17 @@ E4M3 = _Format("E4M3", 4, 3, 7, True, 8)
 E2M1 = _Format("E2M1", 2, 1, 1, False, 2)
 
 
+class _Int8:
+    """The MX INT8 element: two's-complement int8 k worth k / 64."""
+    name = "INT8"
+    emax = 0  # the largest magnitude, 127/64, is in the binade [1, 2)
+    grid = np.arange(128) / 64.0  # magnitudes the quantizer produces, ascending
+    decode = np.arange(256, dtype=np.uint8).view(np.int8) / 64.0  # by code; 0x80 -> -2
+
+
+INT8 = _Int8()
+
+
 def _blocks(x):
     x = np.asarray(x, dtype=np.float32)
     if x.ndim == 0 or x.shape[-1] % BLOCK:
@@ -78,13 +98,18 @@ def _blocks(x):
     return x.reshape(x.shape[:-1] + (x.shape[-1] // BLOCK, BLOCK))
 
 
+def _shared_exponents(xb, emax):
+    """Shared exponent of each block of xb [..., blocks, 32] (float64), as int."""
+    amax = np.abs(xb).max(axis=-1)
+    _, e = np.frexp(amax)  # amax = m * 2^e, m in [0.5, 1): floor(log2 amax) = e - 1
+    shared = np.clip(e - 1 - emax, -127, 127)
+    return np.where(amax == 0, -127, shared)
+
+
 def _quantize(x, fmt):
     """(scale codes [..., n/32], element codes [..., n]) with sign bits."""
     xb = _blocks(x).astype(np.float64)  # float32 -> float64 is exact, and so is every step below
-    amax = np.abs(xb).max(axis=-1)
-    _, e = np.frexp(amax)  # amax = m * 2^e, m in [0.5, 1): floor(log2 amax) = e - 1
-    shared = np.clip(e - 1 - fmt.emax, -127, 127)
-    shared = np.where(amax == 0, -127, shared)
+    shared = _shared_exponents(xb, fmt.emax)
     scaled = np.ldexp(xb, -shared[..., None])  # float64 has the range to hold this exactly
     codes = fmt.round(np.abs(scaled))
     codes = np.where(np.signbit(scaled), codes | fmt.sign_bit, codes).astype(np.uint8)
@@ -98,6 +123,16 @@ def quantize_mxfp8(x):
 def quantize_mxfp4(x):
     scales, codes = _quantize(x, E2M1)
     return scales, pack_fp4(codes)
+
+
+def quantize_mxint8(x):
+    xb = _blocks(x).astype(np.float64)
+    shared = _shared_exponents(xb, INT8.emax)
+    # value / 2^shared * 64 is exact in float64 (24 significant bits, magnitude within
+    # [2^-270, 2^261]), so np.rint rounds the true quotient: half to even, as the format asks
+    k = np.clip(np.rint(np.ldexp(xb, 6 - shared[..., None])), -127, 127)
+    codes = k.astype(np.int8).view(np.uint8)  # -0.0 becomes integer 0: no negative zero
+    return (shared + 127).astype(np.uint8), codes.reshape(np.shape(x))
 
 
 def pack_fp4(codes):
@@ -120,15 +155,17 @@ def e8m0_to_float(scales):
 
 
 def dequantize(fmt, scales, codes):
-    """fmt "mxfp8" or "mxfp4" (codes packed as quantize_mxfp4 returns them) -> float32."""
+    """fmt "mxfp8", "mxfp4" (codes packed as quantize_mxfp4 returns them) or "mxint8" -> float32."""
     if fmt == "mxfp4":
         f, codes = E2M1, unpack_fp4(codes)
-    elif fmt == "mxfp8":
-        f, codes = E4M3, np.asarray(codes, dtype=np.uint8)
+    elif fmt in ("mxfp8", "mxint8"):
+        f, codes = (E4M3 if fmt == "mxfp8" else INT8), np.asarray(codes, dtype=np.uint8)
     else:
         raise ValueError(f"unknown MX format {fmt!r}")
     vals = f.decode[codes].reshape(codes.shape[:-1] + (-1, BLOCK))
-    with np.errstate(over="ignore"):  # scales quantization never makes can overflow float32: inf
+    # the float64 product is exact and fits float32 except where it overflows, which only
+    # scales quantization never makes (or code 0x80 of MXINT8 under scale 2^127) can: inf
+    with np.errstate(over="ignore"):
         out = (vals * e8m0_to_float(scales)[..., None]).astype(np.float32)
     return out.reshape(codes.shape)
 
@@ -139,3 +176,7 @@ def fake_quant_mxfp8(x):
 
 def fake_quant_mxfp4(x):
     return dequantize("mxfp4", *quantize_mxfp4(x))
+
+
+def fake_quant_mxint8(x):
+    return dequantize("mxint8", *quantize_mxint8(x))

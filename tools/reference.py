@@ -8,14 +8,17 @@ is meant for small (synthesized) checkpoints.
   reference.py logits -m DIR --ids 1,2,3 -o FILE   float32 [n_ids, vocab], little-endian
   reference.py greedy -m DIR --ids 1,2,3 -n 64     JSON array of greedy next ids
 
-Both take --ffn / --attn mxfp4|mxfp8|bf16 and --act mxfp8|none to emulate a
-quantization scheme with tools/mx_ref.py: --ffn fake-quantizes every expert and
-dense-MLP gate/up/down weight, --attn every q/k/v/o_proj weight, row by row in
-32-blocks along the input dimension (once, at load); "bf16" keeps the weights
-as stored. --act mxfp8 also fake-quantizes the input of every quantized linear
-(q/k/v and gate/up: the normed hidden row; o_proj: the attention output;
-down: silu(gate) * up). Embeddings, norms, the router and lm_head, and their
-inputs, are never quantized. MX rounding happens in float32, as the engine
+Both take --ffn / --attn / --head mxfp4|mxfp8|mxint8|bf16 and
+--act mxfp8|mxint8|none to emulate a quantization scheme with tools/mx_ref.py:
+--ffn fake-quantizes every expert and dense-MLP gate/up/down weight, --attn
+every q/k/v/o_proj weight, --head the lm_head weight (refused when it is tied
+to the embeddings), row by row in 32-blocks along the input dimension (once,
+at load); "bf16" keeps the weights as stored. --act mxfp8 / mxint8 also
+fake-quantizes, to that format, the input of every quantized linear (q/k/v
+and gate/up: the normed hidden row; o_proj: the attention output; down:
+silu(gate) * up; lm_head under --head: the final-norm output). Embeddings,
+norms and the router, and their inputs, are never quantized, nor is lm_head
+or its input without --head. MX rounding happens in float32, as the engine
 holds values; everything else stays float64.
 """
 import argparse
@@ -29,7 +32,10 @@ import numpy as np
 
 import mx_ref
 
-FAKE_QUANT = {"mxfp8": mx_ref.fake_quant_mxfp8, "mxfp4": mx_ref.fake_quant_mxfp4}
+FAKE_QUANT = {"mxfp8": mx_ref.fake_quant_mxfp8, "mxfp4": mx_ref.fake_quant_mxfp4,
+              "mxint8": mx_ref.fake_quant_mxint8}
+WEIGHT_TYPES = [*FAKE_QUANT, "bf16"]  # --ffn / --attn / --head
+ACT_TYPES = ["mxfp8", "mxint8", "none"]  # --act
 # Which scheme group (--attn / --ffn) a weight belongs to; the router is mlp.gate.weight (no _proj).
 GROUPS = [("attn", re.compile(r"\.self_attn\.[qkvo]_proj\.weight$")),
           ("ffn", re.compile(r"\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj\.weight$"))]
@@ -96,6 +102,10 @@ def rotate_half(x):
 
 class Model:
     def __init__(self, d, ffn="bf16", attn="bf16", act="none", head="bf16"):
+        for flag, v, allowed in (("ffn", ffn, WEIGHT_TYPES), ("attn", attn, WEIGHT_TYPES),
+                                 ("head", head, WEIGHT_TYPES), ("act", act, ACT_TYPES)):
+            if v not in allowed:  # before the slow load; --act takes only the engine's formats (not mxfp4)
+                raise ValueError(f"{flag} {v!r} is not one of {', '.join(allowed)}")
         with open(os.path.join(d, "config.json")) as f:
             c = json.load(f)
         self.w = read_checkpoint(d)
@@ -127,8 +137,8 @@ class Model:
             self.lm_head = fake_quant(head, self.lm_head)
 
     def linear_in(self, group, x):
-        """The input of a linear of `group` as the scheme sees it (MXFP8 per 32-block under --act mxfp8)."""
-        return fake_quant("mxfp8", x) if self.act == "mxfp8" and self.scheme[group] != "bf16" else x
+        """The input of a linear of `group` as the scheme sees it (the --act format per 32-block)."""
+        return fake_quant(self.act, x) if self.act != "none" and self.scheme[group] != "bf16" else x
 
     def new_cache(self):
         """Per-layer keys and values seen so far, each [positions, kv_heads, head_dim]."""
@@ -214,13 +224,13 @@ def main():
     for p in (lg, gr):
         p.add_argument("-m", "--model", required=True, help="checkpoint directory")
         p.add_argument("--ids", required=True, type=parse_ids, help="comma-separated token ids")
-        p.add_argument("--ffn", choices=["mxfp4", "mxfp8", "bf16"], default="bf16",
+        p.add_argument("--ffn", choices=WEIGHT_TYPES, default="bf16",
                        help="expert / dense-MLP weights (default bf16: as stored)")
-        p.add_argument("--attn", choices=["mxfp8", "mxfp4", "bf16"], default="bf16",
+        p.add_argument("--attn", choices=WEIGHT_TYPES, default="bf16",
                        help="q/k/v/o_proj weights (default bf16: as stored)")
-        p.add_argument("--head", choices=["mxfp8", "mxfp4", "bf16"], default="bf16",
+        p.add_argument("--head", choices=WEIGHT_TYPES, default="bf16",
                        help="lm_head weight (default bf16: as stored)")
-        p.add_argument("--act", choices=["mxfp8", "none"], default="none",
+        p.add_argument("--act", choices=ACT_TYPES, default="none",
                        help="inputs of the quantized linears (default none)")
     lg.add_argument("-o", "--output", required=True, help="output file")
     gr.add_argument("-n", type=int, default=64, help="tokens to generate")

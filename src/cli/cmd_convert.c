@@ -23,7 +23,7 @@ static void usage(FILE *f) {
 }
 
 int cmd_convert(int argc, char **argv) {
-    q3_convert_opts o = {.scheme = {Q3_MXFP4, Q3_MXFP8, 1, Q3_BF16}};
+    q3_convert_opts o = {.scheme = {Q3_MXFP4, Q3_MXFP8, Q3_MXFP8, Q3_BF16}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

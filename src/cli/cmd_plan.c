@@ -66,8 +66,9 @@ static void usage(FILE *f) {
             "                         comm_quant}\n");
     q3_plan_flags_help(f);
     fprintf(f,
-            "  --quant SCHEME         weight storage: bf16 (default), w8a8, w4a8, w8, w4\n"
-            "                         (w4*: experts/MLP MXFP4; attention MXFP8 except w4)\n"
+            "  --quant SCHEME         weight storage: bf16 (default), w8a8, w4a8, w8a8i, w4a8i,\n"
+            "                         w8, w4 (w4*: experts/MLP MXFP4; attention MXFP8 except\n"
+            "                         w4, MXINT8 in the i schemes: the same bytes)\n"
             "  --prompt P             prompt length in tokens (default 512); decode is timed at\n"
             "                         context P\n"
             "  --membw-gbps M         memory read bandwidth per rank, GB/s (default 100)\n"
@@ -106,6 +107,7 @@ typedef struct {
 #define MXFP4_B (17.0 / 32.0)   /* half a byte + one scale per 32 */
 static const scheme schemes[] = {
     {"bf16", 2, 2, 0},           {"w8a8", MXFP8_B, MXFP8_B, 1}, {"w4a8", MXFP8_B, MXFP4_B, 1},
+    {"w8a8i", MXFP8_B, MXFP8_B, 1}, {"w4a8i", MXFP8_B, MXFP4_B, 1}, /* MXINT8: 1 byte + scale, as MXFP8 */
     {"w8", MXFP8_B, MXFP8_B, 1}, {"w4", MXFP4_B, MXFP4_B, 1},
 };
 #define OTHER_B 2.0   /* embeddings, norms, router, lm_head: BF16 */
@@ -438,7 +440,7 @@ int cmd_plan(int argc, char **argv) {
     const scheme *sc = NULL;
     for (size_t k = 0; k < sizeof schemes / sizeof schemes[0]; k++)
         if (!strcmp(schemes[k].name, quant)) sc = &schemes[k];
-    if (!sc) return fail(2, "--quant: unknown scheme '%s' (choose bf16, w8a8, w4a8, w8 or w4)", quant);
+    if (!sc) return fail(2, "--quant: unknown scheme '%s' (choose bf16, w8a8, w4a8, w8a8i, w4a8i, w8 or w4)", quant);
 
     q3_plan p;
     q3_plan_init(&p);

@@ -131,7 +131,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->preset = "tiny";
     o->dtype = "bf16";
     o->shard_mb = 4096;
-    o->scheme = (q3_quant_scheme){Q3_MXFP4, Q3_MXFP8, 1, Q3_BF16};   /* W4A8, as convert */
+    o->scheme = (q3_quant_scheme){Q3_MXFP4, Q3_MXFP8, Q3_MXFP8, Q3_BF16};   /* W4A8, as convert */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -143,7 +143,7 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(a, "--ffn") && i + 1 < argc && !is_scheme_option(argc, argv, i) &&
             !strchr("0123456789+-", argv[i + 1][0]))
             return fail("--ffn: '%s' is neither a dense intermediate size (a number) nor a weight type "
-                        "(mxfp4, mxfp8, bf16)", argv[i + 1]);
+                        "(mxfp4, mxfp8, mxint8, bf16)", argv[i + 1]);
         if (is_scheme_option(argc, argv, i)) {
             if (!(v = arg_value(argc, argv, &i))) return 1;
             if (q3_scheme_flag(a, v, &o->scheme)) return fail("%s", q3_errmsg());

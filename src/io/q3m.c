@@ -48,7 +48,7 @@ static const char *sec_name(uint32_t kind) {
 
 /* File dtype codes are fixed by the format, whatever q3_dtype's values. */
 static int dtype_from_code(unsigned c, q3_dtype *out) {
-    static const q3_dtype map[] = {Q3_F32, Q3_F16, Q3_BF16, Q3_MXFP8, Q3_MXFP4};
+    static const q3_dtype map[] = {Q3_F32, Q3_F16, Q3_BF16, Q3_MXFP8, Q3_MXFP4, Q3_MXINT8};
     if (c >= sizeof map / sizeof map[0]) return -1;
     *out = map[c];
     return 0;
@@ -60,6 +60,7 @@ static unsigned dtype_code(q3_dtype t) {
     case Q3_BF16: return 2;
     case Q3_MXFP8: return 3;
     case Q3_MXFP4: return 4;
+    case Q3_MXINT8: return 5;
     }
     return 255;
 }
@@ -80,7 +81,7 @@ int q3m_tensor_sizes(q3_dtype t, int ndim, const int64_t *shape, uint64_t *data_
     uint64_t cols = (uint64_t)shape[ndim - 1];
     if (cols % Q3_MX_BLOCK)
         return q3_err("last dimension %llu is not a multiple of the MX block size %d", (unsigned long long)cols, Q3_MX_BLOCK);
-    *data_size = t == Q3_MXFP8 ? numel : numel / 2;
+    *data_size = q3_mx_elem_bytes(t, numel);
     *scales_size = numel / Q3_MX_BLOCK;
     return 0;
 }
@@ -131,7 +132,7 @@ int q3m_layout(q3m_section_out *secs, int n_secs, q3m_tensor_out *ts, int n_ts, 
     wr_u32(h + 84, (uint32_t)n_ts);
     h[88] = (unsigned char)dtype_code(scheme.ffn);
     h[89] = (unsigned char)dtype_code(scheme.attn);
-    h[90] = scheme.act_mxfp8 ? 1 : 0;
+    h[90] = scheme.act == Q3_MXFP8 ? 1 : scheme.act == Q3_MXINT8 ? 2 : 0;
     h[91] = q3_dtype_is_mx(scheme.head) ? (unsigned char)dtype_code(scheme.head) : 0;
     unsigned char *p = h + Q3M_HEADER_SIZE;
     for (int i = 0; i < n_secs; i++, p += Q3M_SECTION_RECORD) {
@@ -257,9 +258,9 @@ static int parse(q3m_file *f) {
     if (ck != rd_u64(d + 120)) return q3_err("%s: header checksum mismatch: the header or tensor table is damaged", path);
     for (int i = 92; i < 120; i++)
         if (d[i]) return q3_err("%s: reserved header byte %d is not zero: damaged file", path, i);
-    if (dtype_from_code(d[88], &f->scheme.ffn) || dtype_from_code(d[89], &f->scheme.attn) || d[90] > 1)
+    if (dtype_from_code(d[88], &f->scheme.ffn) || dtype_from_code(d[89], &f->scheme.attn) || d[90] > 2)
         return q3_err("%s: unknown quantization scheme codes (%u, %u, %u) in the header", path, d[88], d[89], d[90]);
-    f->scheme.act_mxfp8 = d[90];
+    f->scheme.act = d[90] == 1 ? Q3_MXFP8 : d[90] == 2 ? Q3_MXINT8 : Q3_F32;
     f->scheme.head = Q3_BF16; /* as stored */
     if (d[91] && (dtype_from_code(d[91], &f->scheme.head) || !q3_dtype_is_mx(f->scheme.head)))
         return q3_err("%s: unknown lm_head quantization code %u in the header", path, d[91]);

@@ -23,7 +23,7 @@
  *      84     4  u32 number of tensor records
  *      88     1  u8  scheme: FFN weight dtype code (see below; BF16 = as stored)
  *      89     1  u8  scheme: attention projection dtype code
- *      90     1  u8  scheme: activations (0 = none, 1 = MXFP8)
+ *      90     1  u8  scheme: activations (0 = none, 1 = MXFP8, 2 = MXINT8)
  *      91     1  u8  scheme: lm_head (0 = as stored, else its MX dtype code)
  *      92    28  zero
  *     120     8  u64 checksum: FNV-1a 64 (offset basis 0xcbf29ce484222325,
@@ -45,13 +45,14 @@
  *       u64 scales offset, u64 scales size   (both 0 for plain dtypes)
  *       name (UTF-8, no NUL), zero-padded to a multiple of 8 bytes
  *
- * Dtype codes: 0 F32, 1 F16, 2 BF16, 3 MXFP8, 4 MXFP4.
+ * Dtype codes: 0 F32, 1 F16, 2 BF16, 3 MXFP8, 4 MXFP4, 5 MXINT8.
  * Plain dtypes: data size = product(shape) * 4 or 2, row-major as in
  *   safetensors.
  * MX dtypes: the last dimension (cols) is a multiple of 32; rows = product
  *   of the other dimensions. Data holds the element codes row-major: MXFP8
  *   one E4M3 byte per element (rows * cols bytes), MXFP4 two E2M1 codes per
- *   byte, element 2i in the LOW nibble (rows * cols / 2 bytes). Scales hold
+ *   byte, element 2i in the LOW nibble (rows * cols / 2 bytes), MXINT8 one
+ *   two's-complement int8 per element (rows * cols bytes). Scales hold
  *   one E8M0 byte per 32 consecutive elements of a row, row-major
  *   (rows * cols / 32 bytes). The quantization is src/quant/mx.h's.
  *

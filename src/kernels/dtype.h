@@ -7,12 +7,15 @@
 #include <stdint.h>
 #include <string.h>
 
-/* MXFP8 / MXFP4 are OCP Microscaling block formats (src/quant/mx.h): the
- * elements (E4M3 bytes, or E2M1 nibbles two per byte, element 2i in the low
- * nibble) plus one E8M0 scale byte per 32 consecutive elements of a row. */
-typedef enum { Q3_F32 = 0, Q3_F16 = 1, Q3_BF16 = 2, Q3_MXFP8 = 3, Q3_MXFP4 = 4 } q3_dtype;
+/* MXFP8 / MXFP4 / MXINT8 are OCP Microscaling block formats (src/quant/mx.h):
+ * the elements (E4M3 bytes, E2M1 nibbles two per byte with element 2i in
+ * the low nibble, or int8 bytes) plus one E8M0 scale byte per 32 consecutive
+ * elements of a row. */
+typedef enum { Q3_F32 = 0, Q3_F16 = 1, Q3_BF16 = 2, Q3_MXFP8 = 3, Q3_MXFP4 = 4, Q3_MXINT8 = 5 } q3_dtype;
 
-static inline int q3_dtype_is_mx(q3_dtype t) { return t == Q3_MXFP8 || t == Q3_MXFP4; }
+static inline int q3_dtype_is_mx(q3_dtype t) { return t == Q3_MXFP8 || t == Q3_MXFP4 || t == Q3_MXINT8; }
+/* The MX formats with minifloat elements (the float decoders' domain). */
+static inline int q3_dtype_is_mxfp(q3_dtype t) { return t == Q3_MXFP8 || t == Q3_MXFP4; }
 
 static inline float q3_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

@@ -1,6 +1,6 @@
 /* AVX2 weights-broadcast GEMM: the prefill kernel for the few dozen tokens
  * each MoE expert sees (about T * top_k / num_experts), any weight dtype
- * the AVX2 table widens (BF16, F16, F32, MXFP8, MXFP4).
+ * the AVX2 table widens (BF16, F16, F32, MXFP8, MXFP4, MXINT8).
  *
  * Why: the panel GEMM (isa_avx2.c micro) transposes every weight panel
  * before use, which at 32 tokens per expert took 30 % of the expert GEMM
@@ -34,7 +34,7 @@ void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3
             continue;
         }
         const float *xr = x + (size_t)t * ldx;
-        if (q3_dtype_is_mx(wt)) { /* the order the MX rows are widened in */
+        if (q3_dtype_is_mxfp(wt)) { /* the order the MX rows are widened in */
             q3_avx2_mx_prep(row, xr, K, wt);
             xr = row;
         }
@@ -102,7 +102,7 @@ void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_ma
     const int ws = K + 16; /* rows K floats apart would share L1 sets */
     float st[Q3_NR * TMAX] __attribute__((aligned(32)));
     for (int r = 0; r < nr; r++) {
-        if (q3_dtype_is_mx(W->dtype)) q3_avx2_mx_row_slots(W, r0 + r, wbuf + (size_t)r * ws);
+        if (q3_dtype_is_mxfp(W->dtype)) q3_avx2_mx_row_slots(W, r0 + r, wbuf + (size_t)r * ws);
         else q3_avx2_row_f32(W, r0 + r, 0, K, wbuf + (size_t)r * ws);
     }
     for (int k0 = 0; k0 < K; k0 += KC) {

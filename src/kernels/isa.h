@@ -105,6 +105,14 @@ typedef struct {
      * token beats the GEMMs' lanes left empty. */
     int mx_gemv_t;
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
+    /* Integer GEMV for MXINT8 inputs (W->ai8) against MXINT8 or MXFP4
+     * weights (cols % 64 == 0, <= 32768; NULL: not available): i8_prep
+     * writes x[0..K) as MXINT8 elements and block factors in the order
+     * gemv_i8 reads for weights of dtype wt, at most 3 * K bytes (exact
+     * when x is MXINT8-quantized, as W->ai8 promises); gemv_i8 is gemv on
+     * that copy, each block an exact integer sum scaled once. */
+    void (*i8_prep)(void *xq, const float *x, int K, q3_dtype wt);
+    void (*gemv_i8)(float *out, const void *xq, const q3_mat *W, int r0, int r1);
     /* The same product for BF16 weights (even row stride) by bf16 dot
      * products, each input split into two bf16 parts (NULL: not available):
      * bf16_pack_act writes at most K * TP words (TP = T rounded up to 16):
@@ -132,12 +140,16 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
 /* gemm_bf16_avx512bf16.c */
 void q3_avx512bf16_bf16_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, uint32_t *row);
 void q3_avx512bf16_gemm_bf16(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1);
-/* isa_avx2.c: W[r, k0 .. k0+n) of a plain-dtype W widened to fp32 (n % 8 == 0). */
+/* isa_avx2.c: W[r, k0 .. k0+n) of a plain-dtype or MXINT8 W widened to fp32
+ * (n % 8 == 0; MXINT8: k0 and n multiples of 32). */
 void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);
 /* gemm_bc_avx2.c: as gemm_bc_avx512.c, TP = T rounded up to 8; for MX
  * weights ap's k order is gemv_mx_avx2.c's (q3_avx2_mx_prep). */
 void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
 void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
+/* gemv_i8_avx2.c */
+void q3_avx2_i8_prep(void *xq, const float *x, int K, q3_dtype wt);
+void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
 /* gemv_mx_avx2.c */
 void q3_avx2_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
 void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);

@@ -61,15 +61,26 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
 /* ---- MX weights: elements decoded arithmetically, one scale per 32. ---- */
 
 /* 2^(code-127) times the factor the element decoders leave out. */
-static float g_fp8_scale[256], g_fp4_scale[256];
+static float g_fp8_scale[256], g_fp4_scale[256], g_int8_scale[256];
 static pthread_once_t g_mx_once = PTHREAD_ONCE_INIT;
 
 static void mx_tables(void) {
     for (int c = 0; c < 256; c++) {
         g_fp8_scale[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 + 120); /* e4m3x8 returns value * 2^-120 */
         g_fp4_scale[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 - 1);   /* e2m1 codes decode to 2 * value */
+        g_int8_scale[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 - 6);  /* int8 codes are 64 * value */
     }
 }
+
+/* 32 MXINT8 codes -> 64 * value, exactly. */
+INLINE void int8x32(const uint8_t *p, __m256 out[4]) {
+    for (int i = 0; i < 4; i++)
+        out[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * i))));
+}
+
+/* 32 elements of an MX row (block b) as fp32 times the factor of
+ * q3_mx_scale_table(t). */
+INLINE void mx_block(const uint8_t *el, int b, q3_dtype t, __m256 e[4]);
 
 /* Eight E4M3 codes -> value * 2^-120: the 7 magnitude bits moved to the top
  * of an fp32 exponent/mantissa give exactly that, subnormals included. */
@@ -96,26 +107,31 @@ INLINE void e2m1x32(const uint8_t *p, __m256 out[4]) {
 
 const float *q3_mx_scale_table(q3_dtype t) {
     pthread_once(&g_mx_once, mx_tables);
-    return t == Q3_MXFP4 ? g_fp4_scale : g_fp8_scale;
+    return t == Q3_MXFP4 ? g_fp4_scale : t == Q3_MXINT8 ? g_int8_scale : g_fp8_scale;
+}
+
+INLINE void mx_block(const uint8_t *el, int b, q3_dtype t, __m256 e[4]) {
+    if (t == Q3_MXFP4) e2m1x32(el + (size_t)b * 16, e);
+    else if (t == Q3_MXINT8) int8x32(el + (size_t)b * 32, e);
+    else {
+        const uint8_t *p = el + (size_t)b * 32;
+        e[0] = e4m3x8(p), e[1] = e4m3x8(p + 8), e[2] = e4m3x8(p + 16), e[3] = e4m3x8(p + 24);
+    }
 }
 
 static void gemv_mx(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     pthread_once(&g_mx_once, mx_tables);
     const int K = W->cols, nb = K / 32;
-    const int fp4 = W->dtype == Q3_MXFP4;
-    const float *stab = fp4 ? g_fp4_scale : g_fp8_scale;
-    const size_t row_bytes = fp4 ? (size_t)K / 2 : (size_t)K;
+    const q3_dtype t = W->dtype;
+    const float *stab = q3_mx_scale_table(t);
+    const size_t row_bytes = q3_mx_elem_bytes(t, (size_t)K);
     for (int r = r0; r < r1; r++) {
         const uint8_t *el = (const uint8_t *)W->data + (size_t)r * row_bytes, *sc = W->scales + (size_t)r * nb;
         __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
         for (int b = 0; b < nb; b++) {
             const float *xb = x + b * 32;
             __m256 e[4];
-            if (fp4) e2m1x32(el + b * 16, e);
-            else {
-                const uint8_t *p = el + b * 32;
-                e[0] = e4m3x8(p), e[1] = e4m3x8(p + 8), e[2] = e4m3x8(p + 16), e[3] = e4m3x8(p + 24);
-            }
+            mx_block(el, b, t, e);
             __m256 s0 = _mm256_mul_ps(e[0], _mm256_loadu_ps(xb)), s1 = _mm256_mul_ps(e[1], _mm256_loadu_ps(xb + 8));
             s0 = _mm256_fmadd_ps(e[2], _mm256_loadu_ps(xb + 16), s0);
             s1 = _mm256_fmadd_ps(e[3], _mm256_loadu_ps(xb + 24), s1);
@@ -130,19 +146,15 @@ static void gemv_mx(float *out, const float *x, const q3_mat *W, int r0, int r1)
 /* W[r, k0 .. k0+n) of an MX matrix to fp32; k0 and n multiples of 32. */
 static void mx_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
     pthread_once(&g_mx_once, mx_tables);
-    const int nb = W->cols / 32, fp4 = W->dtype == Q3_MXFP4;
-    const float *stab = fp4 ? g_fp4_scale : g_fp8_scale;
-    const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (fp4 ? (size_t)W->cols / 2 : (size_t)W->cols);
+    const int nb = W->cols / 32;
+    const float *stab = q3_mx_scale_table(W->dtype);
+    const uint8_t *el = (const uint8_t *)W->data + (size_t)r * q3_mx_elem_bytes(W->dtype, (size_t)W->cols);
     const uint8_t *sc = W->scales + (size_t)r * nb;
     for (int k = 0; k < n; k += 32) {
         const int b = (k0 + k) / 32;
         const __m256 scale = _mm256_set1_ps(stab[sc[b]]);
         __m256 e[4];
-        if (fp4) e2m1x32(el + (size_t)b * 16, e);
-        else {
-            const uint8_t *p = el + (size_t)b * 32;
-            e[0] = e4m3x8(p), e[1] = e4m3x8(p + 8), e[2] = e4m3x8(p + 16), e[3] = e4m3x8(p + 24);
-        }
+        mx_block(el, b, W->dtype, e);
         for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + k + 8 * i, _mm256_mul_ps(e[i], scale));
     }
 }
@@ -156,6 +168,7 @@ void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
     case Q3_F16:
         for (int k = 0; k < n; k += 8) _mm256_storeu_ps(dst + k, load8(W->data, o + k, Q3_F16));
         break;
+    case Q3_MXINT8: mx_row_f32(W, r, k0, n, dst); break; /* k0, n multiples of 32 */
     default: memcpy(dst, (const float *)W->data + o, (size_t)n * sizeof(float)); break;
     }
 }
@@ -595,5 +608,6 @@ const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micr
     .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .a8_prep_any = 1,
     .a8_prep = q3_avx2_mx_prep, .gemv_a8 = q3_avx2_gemv_mx, .bc_pack_act = q3_avx2_bc_pack_act,
     .gemm_bc = q3_avx2_gemm_bc, .bc_mx = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
-    .bc_min_t = 13, .mx_gemv_t = 8}; /* kernel_bench: the crossovers at 8192x2048 */
+    .bc_min_t = 13, .mx_gemv_t = 8, /* kernel_bench: the crossovers at 8192x2048 */
+    .i8_prep = q3_avx2_i8_prep, .gemv_i8 = q3_avx2_gemv_i8};
 #pragma GCC pop_options

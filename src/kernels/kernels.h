@@ -27,9 +27,11 @@ typedef struct {
     /* MX dtypes: E8M0 scales, cols/32 per row, rows contiguous (rs = cols,
      * cs = 1 only); data holds the elements. */
     const uint8_t *scales;
-    /* A8: the model quantizes this linear's input to MXFP8 before every
-     * product, so kernels may take the input as exact bf16 values. */
-    int a8;
+    /* A8: the model quantizes this linear's input per 32-block before
+     * every product, to MXFP8 or (ai8) MXINT8, so kernels may take the
+     * input as exact bf16 values, and under ai8 as int8 elements with
+     * E8M0 scales (the integer kernels). */
+    int a8, ai8;
 } q3_mat;
 
 /* Bytes of weight data (elements + scales) the matrix occupies. */
@@ -78,15 +80,17 @@ q3_matmul_stats q3_matmul_stats_get(void);
 void q3_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* Residual add fused with the next norm: x += delta; out = rmsnorm(x) * w. */
 void q3_add_rmsnorm(float *x, const float *delta, const float *w, float *out, int n, float eps);
-/* The same (no add when delta is NULL), also writing out's MXFP8 copy (the
- * A8 input of the next linears: dequantized values, per 32-block) to out_q
- * in the same pass. out may be NULL (only the copy is wanted); out_q may
- * alias out or delta. n % 32 == 0. A block holding NaN/Inf is copied as is. */
-void q3_add_rmsnorm_mx8(float *x, const float *delta, const float *w, float *out, float *out_q, int n, float eps);
-/* y = x quantized to MXFP8 and back, per 32-block (q3_mx_fake_quant_row
- * with Q3_MXFP8, bit for bit, by the fastest kernel): the A8 input of a
- * quantized linear. -1, writing nothing, when x holds NaN/Inf. */
-int q3_act_mx8(const float *x, size_t n, float *y);
+/* The same (no add when delta is NULL), also writing out's copy quantized
+ * to act (Q3_MXFP8 or Q3_MXINT8: the A8 input of the next linears,
+ * dequantized values, per 32-block) to out_q in the same pass. out may be
+ * NULL (only the copy is wanted); out_q may alias out or delta. n % 32 ==
+ * 0. A block holding NaN/Inf is copied as is. */
+void q3_add_rmsnorm_mx(float *x, const float *delta, const float *w, float *out, float *out_q, int n, float eps,
+                       q3_dtype act);
+/* y = x quantized to act (Q3_MXFP8 or Q3_MXINT8) and back, per 32-block
+ * (q3_mx_fake_quant_row, bit for bit, by the fastest kernel): the A8 input
+ * of a quantized linear. -1, writing nothing, when x holds NaN/Inf. */
+int q3_act_mx(q3_dtype act, const float *x, size_t n, float *y);
 /* out[i] = silu(gate[i]) * up[i] */
 void q3_swiglu(float *out, const float *gate, const float *up, int n);
 /* In-place softmax over n values. */

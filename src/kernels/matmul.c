@@ -92,24 +92,34 @@ void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
 /* Longest A8 input the bf16 GEMV takes (larger ones use the fp32 kernels). */
 enum { A8_KMAX = 32768 };
 
-/* MX GEMV on a prepared input (bf16 or a reordered fp32 copy), made once
- * per thread and pass. */
-static void run_gemv_a8(const q3_mm_job *jb, int r0, int nr) {
+/* The float MX kernels (gemv_a8, gemm_a8): MXFP8 / MXFP4 weights. */
+static int mx_shape_ok(const q3_mat *W, int kmax) {
+    return q3_dtype_is_mxfp(W->dtype) && W->cs <= 1 && W->cols % (W->dtype == Q3_MXFP4 ? 128 : 64) == 0 && W->cols <= kmax;
+}
+
+/* The integer GEMV: MXINT8 inputs against MXINT8 or MXFP4 weights. */
+static int gemv_i8_ok(const q3_mat *W) {
+    return g_k->gemv_i8 && W->ai8 && (W->dtype == Q3_MXINT8 || W->dtype == Q3_MXFP4) && W->cs <= 1 && W->cols % 64 == 0 &&
+           W->cols <= A8_KMAX;
+}
+
+/* MX GEMV on a prepared input: for gemv_a8 a bf16 or reordered fp32 copy,
+ * for gemv_i8 (i8) the MXINT8 one; made once per thread and pass, keyed by
+ * the weights' dtype and the kernel too (the copy's layout depends on them). */
+static void run_gemv_prepared(const q3_mm_job *jb, int r0, int nr, int i8) {
     static _Thread_local float xb[A8_KMAX] __attribute__((aligned(64)));
     static _Thread_local const float *have_x;
     static _Thread_local unsigned long long have_pass;
     static _Thread_local q3_dtype have_dt;
+    static _Thread_local int have_i8;
     const q3_mat *W = jb->W;
-    if (have_x != jb->x || have_pass != g_pass || have_dt != W->dtype) {
-        g_k->a8_prep(xb, jb->x, W->cols, W->dtype);
-        have_x = jb->x, have_pass = g_pass, have_dt = W->dtype;
+    if (have_x != jb->x || have_pass != g_pass || have_dt != W->dtype || have_i8 != i8) {
+        if (i8) g_k->i8_prep(xb, jb->x, W->cols, W->dtype);
+        else g_k->a8_prep(xb, jb->x, W->cols, W->dtype);
+        have_x = jb->x, have_pass = g_pass, have_dt = W->dtype, have_i8 = i8;
     }
-    g_k->gemv_a8(jb->out + r0, xb, W, r0, r0 + nr);
-}
-
-
-static int mx_shape_ok(const q3_mat *W, int kmax) {
-    return q3_dtype_is_mx(W->dtype) && W->cs <= 1 && W->cols % (W->dtype == Q3_MXFP4 ? 128 : 64) == 0 && W->cols <= kmax;
+    if (i8) g_k->gemv_i8(jb->out + r0, xb, W, r0, r0 + nr);
+    else g_k->gemv_a8(jb->out + r0, xb, W, r0, r0 + nr);
 }
 
 static int a8_shape_ok(const q3_mat *W, int kmax) { return W->a8 && mx_shape_ok(W, kmax); }
@@ -133,12 +143,12 @@ typedef struct {
     const float *x;
     unsigned long long pass;
     q3_dtype dt;
-    int T;
+    int T, ai8; /* the packing may depend on the weights' dtype and the input format */
 } act_key;
 
 static int act_stale(act_key *k, const q3_mm_job *jb) {
-    if (k->x == jb->x && k->pass == g_pass && k->dt == jb->W->dtype && k->T == jb->T) return 0;
-    *k = (act_key){jb->x, g_pass, jb->W->dtype, jb->T};
+    if (k->x == jb->x && k->pass == g_pass && k->dt == jb->W->dtype && k->T == jb->T && k->ai8 == jb->W->ai8) return 0;
+    *k = (act_key){jb->x, g_pass, jb->W->dtype, jb->T, jb->W->ai8};
     return 1;
 }
 
@@ -156,16 +166,26 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
 
-/* A few tokens against MX weights: one GEMV per token, each on its own
- * prepared input copy (made once per thread and pass). */
-static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr) {
+/* A few tokens against MX weights: one GEMV per token (the integer one
+ * where it applies), each on its own prepared input copy (made once per
+ * thread and pass; copies are at most 4 * K bytes). */
+static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, int i8) {
     static _Thread_local float *xt;
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
     if (!xt) xt = q3_malloc((size_t)MX_GEMV_TOKENS * A8_KMAX * sizeof *xt);
     if (act_stale(&have, jb))
-        for (int t = 0; t < jb->T; t++) g_k->a8_prep(xt + (size_t)t * W->cols, jb->x + (size_t)t * jb->ldx, W->cols, W->dtype);
-    for (int t = 0; t < jb->T; t++) g_k->gemv_a8(jb->out + (size_t)t * jb->ldo + r0, xt + (size_t)t * W->cols, W, r0, r0 + nr);
+        for (int t = 0; t < jb->T; t++) {
+            float *xc = xt + (size_t)t * W->cols;
+            const float *x = jb->x + (size_t)t * jb->ldx;
+            if (i8) g_k->i8_prep(xc, x, W->cols, W->dtype);
+            else g_k->a8_prep(xc, x, W->cols, W->dtype);
+        }
+    for (int t = 0; t < jb->T; t++) {
+        float *o = jb->out + (size_t)t * jb->ldo + r0;
+        if (i8) g_k->gemv_i8(o, xt + (size_t)t * W->cols, W, r0, r0 + nr);
+        else g_k->gemv_a8(o, xt + (size_t)t * W->cols, W, r0, r0 + nr);
+    }
 }
 
 static int bc_shape_ok(const q3_mat *W) {
@@ -205,8 +225,8 @@ static void run_panel(const q3_mm_job *jb, int r0) {
     static _Thread_local float Bp[Q3_KC * Q3_NR] __attribute__((aligned(64)));
     const q3_mat *W = jb->W;
     const int nr = W->rows - r0 < Q3_NR ? W->rows - r0 : Q3_NR, K = W->cols;
-    if (jb->T == 1 && gemv_mx_ok(W)) {
-        run_gemv_a8(jb, r0, nr);
+    if (jb->T == 1 && (gemv_i8_ok(W) || gemv_mx_ok(W))) {
+        run_gemv_prepared(jb, r0, nr, gemv_i8_ok(W));
         return;
     }
     if (a8_gemm_ok(jb) && run_gemm_a8(jb, r0, nr)) return;
@@ -218,8 +238,8 @@ static void run_panel(const q3_mm_job *jb, int r0) {
         run_gemm_bf16(jb, r0, nr);
         return;
     }
-    if (jb->T <= g_k->mx_gemv_t && jb->T <= MX_GEMV_TOKENS && gemv_mx_ok(W)) {
-        run_gemv_mx_tokens(jb, r0, nr);
+    if (jb->T <= g_k->mx_gemv_t && jb->T <= MX_GEMV_TOKENS && (gemv_i8_ok(W) || gemv_mx_ok(W))) {
+        run_gemv_mx_tokens(jb, r0, nr, gemv_i8_ok(W));
         return;
     }
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&

@@ -12,7 +12,8 @@
 void q3_to_f32(float *dst, const void *src, q3_dtype t, size_t off, size_t n) {
     switch (t) {
     case Q3_MXFP8:
-    case Q3_MXFP4: abort(); /* needs scales: q3_mat_row_f32 */
+    case Q3_MXFP4:
+    case Q3_MXINT8: abort(); /* needs scales: q3_mat_row_f32 */
     case Q3_F32: memcpy(dst, (const float *)src + off, n * sizeof(float)); break;
     case Q3_BF16: {
         const uint16_t *s = (const uint16_t *)src + off;
@@ -50,22 +51,23 @@ void q3_add_rmsnorm(float *x, const float *delta, const float *w, float *out, in
     for (int i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
 }
 
-void q3_add_rmsnorm_mx8(float *x, const float *delta, const float *w, float *out, float *out_q, int n, float eps) {
+void q3_add_rmsnorm_mx(float *x, const float *delta, const float *w, float *out, float *out_q, int n, float eps,
+                       q3_dtype act) {
     if (delta)
         for (int i = 0; i < n; i++) x[i] += delta[i];
     float inv = (float)(1.0 / sqrt(sumsq(x, n) / n + eps));
     /* delta is consumed, so out_q may now be written even where it aliases it. */
     for (int i = 0; i < n; i++) out_q[i] = x[i] * inv * w[i];
     if (out && out != out_q) memcpy(out, out_q, (size_t)n * sizeof(float));
-    if (q3_act_mx8(out_q, (size_t)n, out_q) == 0) return;
+    if (q3_act_mx(act, out_q, (size_t)n, out_q) == 0) return;
     for (int b = 0; b < n; b += Q3_MX_BLOCK) /* a NaN/Inf somewhere: the other blocks one by one */
-        (void)q3_act_mx8(out_q + b, Q3_MX_BLOCK, out_q + b);
+        (void)q3_act_mx(act, out_q + b, Q3_MX_BLOCK, out_q + b);
 }
 
-int q3_act_mx8(const float *x, size_t n, float *y) {
+int q3_act_mx(q3_dtype act, const float *x, size_t n, float *y) {
     const q3_isa_kernels *k = q3_isa_current();
-    if (k->mx8_fake_quant) return k->mx8_fake_quant(x, n, y);
-    return q3_mx_fake_quant_row(Q3_MXFP8, x, n, y);
+    if (act == Q3_MXFP8 && k->mx8_fake_quant) return k->mx8_fake_quant(x, n, y);
+    return q3_mx_fake_quant_row(act, x, n, y);
 }
 
 void q3_swiglu(float *out, const float *gate, const float *up, int n) {
@@ -104,7 +106,8 @@ size_t q3_mat_bytes(const q3_mat *W) {
     case Q3_F32: return n * 4;
     case Q3_F16:
     case Q3_BF16: return n * 2;
-    case Q3_MXFP8: return n + n / Q3_MX_BLOCK;
+    case Q3_MXFP8:
+    case Q3_MXINT8: return n + n / Q3_MX_BLOCK;
     case Q3_MXFP4: return n / 2 + n / Q3_MX_BLOCK;
     }
     return 0;
@@ -121,14 +124,16 @@ void q3_mat_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
     }
     /* MX: one scale per 32-block; k0 and n need not be block-aligned. */
     const uint8_t *el = W->data, *sc = W->scales + (size_t)r * (W->cols / Q3_MX_BLOCK);
-    const int fp4 = W->dtype == Q3_MXFP4;
+    const q3_dtype t = W->dtype;
     for (int k = 0; k < n;) {
         const int col = k0 + k, blk = col / Q3_MX_BLOCK, end = (blk + 1) * Q3_MX_BLOCK - k0;
         const int stop = end < n ? end : n;
         const float scale = q3_e8m0_to_f32(sc[blk]);
         for (; k < stop; k++) {
             const size_t i = base + (size_t)k;
-            const float e = fp4 ? q3_e2m1_lut[(el[i / 2] >> ((i & 1) * 4)) & 15] : q3_e4m3_lut[el[i]];
+            const float e = t == Q3_MXFP4   ? q3_e2m1_lut[(el[i / 2] >> ((i & 1) * 4)) & 15]
+                            : t == Q3_MXFP8 ? q3_e4m3_lut[el[i]]
+                                            : q3_int8_to_f32(el[i]);
             dst[k] = e * scale;
         }
     }

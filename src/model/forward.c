@@ -155,13 +155,16 @@ void q3_state_free(q3_state *s) {
 
 void q3_state_reset(q3_state *s) { s->pos = 0; }
 
-/* A8: the input rows of an MX linear are quantized to MXFP8 in place (the
- * dequantized values, so the fp32 kernels then compute exactly the
- * MXFP8 x MX products). A row holding NaN/Inf is left as it is. */
+/* A8: the input rows of an MX linear are quantized to MXFP8 or MXINT8 in
+ * place (the dequantized values, so the fp32 kernels then compute exactly
+ * the MXFP8/MXINT8 x MX products). A row holding NaN/Inf is left as it is. */
+static q3_dtype act_of(const q3_mat *W) { return W->ai8 ? Q3_MXINT8 : Q3_MXFP8; }
+
 void q3_act_quant(const q3_model *m, const q3_mat *W, float *x, int rows, size_t ld) {
     (void)m;
     if (!W->a8) return;
-    for (int r = 0; r < rows; r++) (void)q3_act_mx8(x + (size_t)r * ld, (size_t)W->cols, x + (size_t)r * ld);
+    const q3_dtype act = act_of(W);
+    for (int r = 0; r < rows; r++) (void)q3_act_mx(act, x + (size_t)r * ld, (size_t)W->cols, x + (size_t)r * ld);
 }
 
 /* This rank's heads over the T normed rows in s->xn: merged QKV, per-head
@@ -204,10 +207,10 @@ static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int
     const q3_config *c = &m->cfg;
     const q3_layer *L = &m->layers[l];
     const int H = c->hidden_size, QD = local_heads(m) * c->head_dim;
-    /* RMSNorm + (A8) MXFP8 quantization in one pass: q/k/v only need the quantized rows. */
+    /* RMSNorm + (A8) MX quantization in one pass: q/k/v only need the quantized rows. */
     for (int t = 0; t < T; t++) {
         float *xn = s->xn + (size_t)t * H, *x = s->x + (size_t)t * H;
-        if (L->wq.a8) q3_add_rmsnorm_mx8(x, NULL, L->attn_norm, NULL, xn, H, c->rms_norm_eps);
+        if (L->wq.a8) q3_add_rmsnorm_mx(x, NULL, L->attn_norm, NULL, xn, H, c->rms_norm_eps, act_of(&L->wq));
         else q3_rmsnorm(xn, x, L->attn_norm, H, c->rms_norm_eps);
     }
     attention_heads(m, s, l, pos0, T, L->wq.a8);
@@ -244,13 +247,13 @@ static void mlp_block(const q3_model *m, q3_state *s, int l, int T) {
     const q3_config *c = &m->cfg;
     const q3_layer *L = &m->layers[l];
     const int H = c->hidden_size;
-    /* A8 experts: the add + norm also writes each token's MXFP8 copy, into
+    /* A8 experts: the add + norm also writes each token's MX copy, into
      * proj (consumed by the add in the same pass), for the experts; the
      * router reads the fp32 rows in xn. */
     const int a8 = L->sparse && L->gate[0].a8 && !(m->shard && s->a2a_send);
     for (int t = 0; t < T; t++) {
         float *x = s->x + (size_t)t * H, *d = s->proj + (size_t)t * H, *xn = s->xn + (size_t)t * H;
-        if (a8) q3_add_rmsnorm_mx8(x, d, L->mlp_norm, xn, d, H, c->rms_norm_eps);
+        if (a8) q3_add_rmsnorm_mx(x, d, L->mlp_norm, xn, d, H, c->rms_norm_eps, act_of(&L->gate[0]));
         else q3_add_rmsnorm(x, d, L->mlp_norm, xn, H, c->rms_norm_eps);
     }
     s->xq_in_proj = a8;

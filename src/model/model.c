@@ -35,7 +35,8 @@ static int get_mat(const q3_model *m, q3_mat *out, const char *name, int rows, i
     const q3_st_tensor *t = need(m, name, rows, cols);
     if (!t) return -1;
     *out = (q3_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols, .scales = t->scales,
-                    .a8 = m->scheme.act_mxfp8 && q3_dtype_is_mx(t->dtype)};
+                    .a8 = q3_dtype_is_mx(m->scheme.act) && q3_dtype_is_mx(t->dtype),
+                    .ai8 = m->scheme.act == Q3_MXINT8 && q3_dtype_is_mx(t->dtype)};
     return 0;
 }
 
@@ -122,7 +123,7 @@ static int open_dir(q3_model *m, const char *dir) {
     else rc = q3_config_load(&m->cfg, cfg_path);
     free(cfg_path);
     if (rc == 0) rc = q3_st_open_dir(&m->st, dir);
-    m->scheme = (q3_quant_scheme){Q3_BF16, Q3_BF16, 0, Q3_BF16};
+    m->scheme = (q3_quant_scheme){Q3_BF16, Q3_BF16, Q3_F32, Q3_BF16};
     return rc;
 }
 

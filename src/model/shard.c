@@ -8,8 +8,8 @@
 
 static size_t elem_bytes(q3_dtype t) { return t == Q3_F32 ? 4 : 2; }
 
-/* MX: bytes of elements per row (E4M3: 1 per element; E2M1: 2 per byte). */
-static size_t mx_row_bytes(q3_dtype t, int cols) { return t == Q3_MXFP8 ? (size_t)cols : (size_t)cols / 2; }
+/* MX: bytes of elements per row (E4M3, int8: 1 per element; E2M1: 2 per byte). */
+static size_t mx_row_bytes(q3_dtype t, int cols) { return t == Q3_MXFP4 ? (size_t)cols / 2 : (size_t)cols; }
 
 /* Rows [r0, r0 + n) of W. */
 static void row_slice(q3_mat *W, int r0, int n) {

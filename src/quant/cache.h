@@ -17,7 +17,7 @@
 
 /* Resolve a command's model argument. With quant NULL, *path_out is a copy
  * of m (a checkpoint directory or .q3m file, loaded as given). With a scheme
- * name (w4a8, w8a8, w4, w8, bf16), m must be a checkpoint directory: the
+ * name (Q3_SCHEME_NAMES), m must be a checkpoint directory: the
  * cached .q3m is found or made (one stderr line says which) and its path
  * returned. *path_out is a heap string the caller frees. -1 with q3_err set
  * on failure. */

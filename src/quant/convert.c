@@ -26,6 +26,7 @@
 int q3_scheme_parse_dtype(const char *s, q3_dtype *out) {
     if (!strcmp(s, "mxfp4")) *out = Q3_MXFP4;
     else if (!strcmp(s, "mxfp8")) *out = Q3_MXFP8;
+    else if (!strcmp(s, "mxint8")) *out = Q3_MXINT8;
     else if (!strcmp(s, "bf16")) *out = Q3_BF16;
     else return -1;
     return 0;
@@ -36,8 +37,13 @@ int q3_scheme_from_name(const char *name, q3_quant_scheme *out) {
         const char *name;
         q3_quant_scheme s;
     } tab[] = {
-        {"w4a8", {Q3_MXFP4, Q3_MXFP8, 1, Q3_BF16}}, {"w8a8", {Q3_MXFP8, Q3_MXFP8, 1, Q3_BF16}}, {"w4", {Q3_MXFP4, Q3_MXFP4, 0, Q3_BF16}},
-        {"w8", {Q3_MXFP8, Q3_MXFP8, 0, Q3_BF16}},   {"bf16", {Q3_BF16, Q3_BF16, 0, Q3_BF16}},
+        {"w4a8", {Q3_MXFP4, Q3_MXFP8, Q3_MXFP8, Q3_BF16}},
+        {"w8a8", {Q3_MXFP8, Q3_MXFP8, Q3_MXFP8, Q3_BF16}},
+        {"w4a8i", {Q3_MXFP4, Q3_MXINT8, Q3_MXINT8, Q3_BF16}},
+        {"w8a8i", {Q3_MXINT8, Q3_MXINT8, Q3_MXINT8, Q3_BF16}},
+        {"w4", {Q3_MXFP4, Q3_MXFP4, Q3_F32, Q3_BF16}},
+        {"w8", {Q3_MXFP8, Q3_MXFP8, Q3_F32, Q3_BF16}},
+        {"bf16", {Q3_BF16, Q3_BF16, Q3_F32, Q3_BF16}},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (!strcmp(name, tab[i].name)) {
@@ -51,7 +57,7 @@ static const char *scheme_dtype_name(q3_dtype t) { return t == Q3_BF16 ? "as sto
 
 const char *q3_scheme_describe(const q3_quant_scheme *s, char *buf, unsigned cap) {
     snprintf(buf, cap, "ffn %s, attn %s, act %s%s%s", scheme_dtype_name(s->ffn), scheme_dtype_name(s->attn),
-             s->act_mxfp8 ? "MXFP8" : "fp32", q3_dtype_is_mx(s->head) ? ", lm_head " : "",
+             q3_dtype_is_mx(s->act) ? q3_dtype_name(s->act) : "fp32", q3_dtype_is_mx(s->head) ? ", lm_head " : "",
              q3_dtype_is_mx(s->head) ? scheme_dtype_name(s->head) : "");
     return buf;
 }
@@ -65,12 +71,14 @@ int q3_scheme_flag(const char *flag, const char *value, q3_quant_scheme *s) {
     if (!strcmp(flag, "--quant")) {
         if (q3_scheme_from_name(value, s)) return q3_err("--quant: unknown scheme '%s' (choose from %s)", value, Q3_SCHEME_NAMES);
     } else if (!strcmp(flag, "--act")) {
-        if (strcmp(value, "mxfp8") && strcmp(value, "none")) return q3_err("--act: '%s' is not one of mxfp8, none", value);
-        s->act_mxfp8 = !strcmp(value, "mxfp8");
+        if (!strcmp(value, "none")) s->act = Q3_F32;
+        else if (q3_scheme_parse_dtype(value, &s->act) || !(s->act == Q3_MXFP8 || s->act == Q3_MXINT8))
+            return q3_err("--act: '%s' is not one of mxfp8, mxint8, none", value);
     } else if (!strcmp(flag, "--head")) {
-        if (q3_scheme_parse_dtype(value, &s->head)) return q3_err("--head: '%s' is not one of mxfp8, mxfp4, bf16", value);
+        if (q3_scheme_parse_dtype(value, &s->head))
+            return q3_err("--head: '%s' is not one of mxfp8, mxfp4, mxint8, bf16", value);
     } else if (q3_scheme_parse_dtype(value, !strcmp(flag, "--ffn") ? &s->ffn : &s->attn)) {
-        return q3_err("%s: '%s' is not one of mxfp4, mxfp8, bf16", flag, value);
+        return q3_err("%s: '%s' is not one of mxfp4, mxfp8, mxint8, bf16", flag, value);
     }
     return 0;
 }
@@ -365,7 +373,7 @@ static void layout_free(layout *l) {
 static int plan_layout(const q3_tensor_source *src, q3_quant_scheme scheme, layout *l) {
     memset(l, 0, sizeof *l);
     if (scheme.ffn == Q3_F32 || scheme.ffn == Q3_F16 || scheme.attn == Q3_F32 || scheme.attn == Q3_F16)
-        return q3_err("a scheme's weight types are MXFP4, MXFP8 or BF16 (as stored)");
+        return q3_err("a scheme's weight types are MXFP4, MXFP8, MXINT8 or BF16 (as stored)");
     l->secs[l->n_secs++] = (q3m_section_out){Q3M_SEC_CONFIG, src->config, src->config_len, 0};
     if (src->tokenizer)
         l->secs[l->n_secs++] = (q3m_section_out){Q3M_SEC_TOKENIZER, src->tokenizer, src->tokenizer_len, 0};

@@ -80,12 +80,14 @@ int q3_convert(const q3_convert_opts *o, q3_convert_stats *st);
  * and for a scheme entry of Q3_BF16. */
 q3_dtype q3_convert_target(const char *tensor_name, const q3_quant_scheme *s);
 
-/* "mxfp4" | "mxfp8" | "bf16" (as stored) -> dtype; -1 otherwise. */
+/* "mxfp4" | "mxfp8" | "mxint8" | "bf16" (as stored) -> dtype; -1 otherwise. */
 int q3_scheme_parse_dtype(const char *s, q3_dtype *out);
 /* Named schemes: w4a8 (ffn mxfp4, attn mxfp8, act mxfp8), w8a8 (all mxfp8),
- * w4 (ffn+attn mxfp4, act none), w8 (ffn+attn mxfp8, act none), bf16. */
+ * w4a8i (ffn mxfp4, attn mxint8, act mxint8: the integer kernels), w8a8i
+ * (all mxint8), w4 (ffn+attn mxfp4, act none), w8 (ffn+attn mxfp8, act
+ * none), bf16. */
 int q3_scheme_from_name(const char *name, q3_quant_scheme *out);
-#define Q3_SCHEME_NAMES "w4a8, w8a8, w4, w8, bf16"
+#define Q3_SCHEME_NAMES "w4a8, w8a8, w4a8i, w8a8i, w4, w8, bf16"
 /* The scheme options `convert` and `synth` share: --quant NAME sets the
  * whole scheme, --ffn T / --attn T / --act A one part of it.
  * q3_scheme_flag applies one (0), or returns -1 with q3_err naming the flag
@@ -94,12 +96,14 @@ int q3_is_scheme_flag(const char *flag);
 int q3_scheme_flag(const char *flag, const char *value, q3_quant_scheme *s);
 #define Q3_SCHEME_FLAGS_HELP \
     "  --quant S     the whole scheme: w4a8 (default: ffn mxfp4, attn mxfp8, act mxfp8),\n" \
-    "                w8a8, w4 (ffn+attn mxfp4), w8 (ffn+attn mxfp8), bf16 (as stored)\n" \
-    "  --ffn T       expert and dense MLP gate/up/down_proj: mxfp4, mxfp8, bf16 (as stored)\n" \
-    "  --attn T      attention q/k/v/o_proj: mxfp8, mxfp4, bf16 (as stored)\n" \
-    "  --act A       inputs of the MX linears at run time: mxfp8 or none (fp32)\n" \
-    "  --head T      lm_head: bf16 (as stored, the default), mxfp8, mxfp4 (untied models;\n" \
-    "                under --act mxfp8 its input is quantized too)\n" \
+    "                w8a8, w4a8i (ffn mxfp4, attn mxint8, act mxint8: integer kernels),\n" \
+    "                w8a8i (all mxint8), w4 (ffn+attn mxfp4), w8 (ffn+attn mxfp8),\n" \
+    "                bf16 (as stored)\n" \
+    "  --ffn T       expert and dense MLP gate/up/down_proj: mxfp4, mxfp8, mxint8, bf16 (as stored)\n" \
+    "  --attn T      attention q/k/v/o_proj: mxfp8, mxfp4, mxint8, bf16 (as stored)\n" \
+    "  --act A       inputs of the MX linears at run time: mxfp8, mxint8 or none (fp32)\n" \
+    "  --head T      lm_head: bf16 (as stored, the default), mxfp8, mxfp4, mxint8 (untied\n" \
+    "                models; under --act its input is quantized too)\n" \
     "                (applied in the order given: --quant w4a8 --ffn mxfp8 is w8a8)\n"
 /* "ffn MXFP4, attn MXFP8, act MXFP8" into buf. */
 const char *q3_scheme_describe(const q3_quant_scheme *s, char *buf, unsigned cap);

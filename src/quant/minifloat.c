@@ -81,6 +81,15 @@ uint8_t q3_e2m1_from_f32(float x) {
 
 float q3_e2m1_to_f32(uint8_t code) { return q3_e2m1_lut[code & 0xF]; }
 
+uint8_t q3_int8_from_f32(float x) {
+    if (isnan(x)) return 0;
+    const float a = fabsf(x) * 64.0f; /* exact: a power-of-two scaling (no input is near FLT_MAX / 64 here) */
+    const unsigned m = !(a < 127.0f) ? 127 : round_half_even(a);
+    return (uint8_t)(signbit(x) ? (256 - m) & 0xFF : m);
+}
+
+float q3_int8_to_f32(uint8_t code) { return (float)(int8_t)code * 0x1p-6f; }
+
 float q3_e8m0_to_f32(uint8_t code) {
     if (code == Q3_E8M0_NAN) return NAN;
     /* Code 0 is 2^-127, below the fp32 normals: build it as a subnormal. */

@@ -8,7 +8,7 @@
 
 /* Exponent of each element type's largest binade: the block's largest value
  * is scaled into it, which keeps it as precise as the format allows. */
-static int emax_elem(q3_mx_type t) { return t == Q3_MXFP8 ? 8 : 2; }
+static int emax_elem(q3_mx_type t) { return t == Q3_MXFP8 ? 8 : t == Q3_MXFP4 ? 2 : 0; }
 
 int q3_mx_shared_exp(q3_mx_type t, float amax) {
     if (amax == 0) return -127;
@@ -19,7 +19,7 @@ int q3_mx_shared_exp(q3_mx_type t, float amax) {
 }
 
 size_t q3_mx_scale_bytes(size_t n) { return n / Q3_MX_BLOCK; }
-size_t q3_mx_elem_bytes(q3_mx_type t, size_t n) { return t == Q3_MXFP8 ? n : n / 2; }
+size_t q3_mx_elem_bytes(q3_mx_type t, size_t n) { return t == Q3_MXFP4 ? n / 2 : n; }
 size_t q3_mx_row_bytes(q3_mx_type t, size_t n) { return q3_mx_scale_bytes(n) + q3_mx_elem_bytes(t, n); }
 
 /* Validate the whole row first so a failing call leaves its outputs alone. */
@@ -51,11 +51,11 @@ static uint8_t encode(q3_mx_type t, float x, int e) {
         bits = (bits & 0x807FFFFFu) | (uint32_t)(E - e) << 23;
         memcpy(&v, &bits, sizeof v);
     } else v = ldexpf(x, -e);
-    return t == Q3_MXFP8 ? q3_e4m3_from_f32(v) : q3_e2m1_from_f32(v);
+    return t == Q3_MXFP8 ? q3_e4m3_from_f32(v) : t == Q3_MXFP4 ? q3_e2m1_from_f32(v) : q3_int8_from_f32(v);
 }
 
 static float decode(q3_mx_type t, uint8_t code) {
-    return t == Q3_MXFP8 ? q3_e4m3_lut[code] : q3_e2m1_lut[code & 0xF];
+    return t == Q3_MXFP8 ? q3_e4m3_lut[code] : t == Q3_MXFP4 ? q3_e2m1_lut[code & 0xF] : q3_int8_to_f32(code);
 }
 
 int q3_mx_quantize_row(q3_mx_type t, const float *x, size_t n, uint8_t *scales, uint8_t *elems) {
@@ -64,7 +64,7 @@ int q3_mx_quantize_row(q3_mx_type t, const float *x, size_t n, uint8_t *scales, 
         const float *xb = x + b * Q3_MX_BLOCK;
         int e = block_exp(t, xb);
         scales[b] = (uint8_t)(e + 127);
-        if (t == Q3_MXFP8) {
+        if (t != Q3_MXFP4) {
             for (int i = 0; i < Q3_MX_BLOCK; i++) elems[b * Q3_MX_BLOCK + i] = encode(t, xb[i], e);
         } else {
             uint8_t *eb = elems + b * (Q3_MX_BLOCK / 2);
@@ -81,7 +81,7 @@ void q3_mx_dequantize_row(q3_mx_type t, const uint8_t *scales, const uint8_t *el
         float *yb = y + b * Q3_MX_BLOCK;
         for (int i = 0; i < Q3_MX_BLOCK; i++) {
             size_t j = b * Q3_MX_BLOCK + (size_t)i;
-            uint8_t c = t == Q3_MXFP8 ? elems[j] : (uint8_t)(elems[j / 2] >> (j % 2 * 4));
+            uint8_t c = t != Q3_MXFP4 ? elems[j] : (uint8_t)(elems[j / 2] >> (j % 2 * 4));
             yb[i] = decode(t, c) * s; /* exact: both factors are short powers-of-two multiples */
         }
     }
@@ -100,10 +100,12 @@ static float f32_pow2(int e) { /* 2^e for a normal exponent */
  * even exactly once, then clamped to the largest element times 2^shared.
  * Equal to encode+decode bit for bit while every quantity stays a normal
  * fp32 number (no overflow of 2^(q+23)), i.e. for shared exponents in
- * [-100, 90]. */
+ * [-100, 90]. INT8 is the same with 6 "mantissa" bits and emin 0 (every
+ * element has the quantum 2^(shared-6)); its zeros are unsigned. */
 static void fake_quant_block_fast(q3_mx_type t, const float *x, int shared, float *y) {
-    const int mbits = t == Q3_MXFP8 ? 3 : 1, emin = t == Q3_MXFP8 ? -6 : 0;
-    const float top = (t == Q3_MXFP8 ? Q3_E4M3_MAX : Q3_E2M1_MAX) * f32_pow2(shared);
+    const int mbits = t == Q3_MXFP8 ? 3 : t == Q3_MXFP4 ? 1 : 6, emin = t == Q3_MXFP8 ? -6 : 0;
+    const float top = (t == Q3_MXFP8 ? Q3_E4M3_MAX : t == Q3_MXFP4 ? Q3_E2M1_MAX : 127.0f / 64.0f) * f32_pow2(shared);
+    const uint32_t keep_sign = t == Q3_MXINT8 ? 0 : 0x80000000u;
     const int qmin = shared + emin - mbits;
     for (int i = 0; i < Q3_MX_BLOCK; i++) {
         uint32_t u;
@@ -118,7 +120,7 @@ static void fake_quant_block_fast(q3_mx_type t, const float *x, int shared, floa
         float r = (a + magic) - magic;
         if (r > top) r = top;
         memcpy(&u, &r, 4);
-        u |= sign;
+        u |= u ? sign : sign & keep_sign;
         memcpy(&y[i], &u, 4);
     }
 }

@@ -1,18 +1,24 @@
-/* OCP Microscaling (MX v1.0) formats: MXFP8 (E4M3 elements) and MXFP4 (E2M1
- * elements), each block of Q3_MX_BLOCK consecutive values along a row (the
- * reduction dimension of a matmul) sharing one E8M0 power-of-two scale.
+/* OCP Microscaling (MX v1.0) formats: MXFP8 (E4M3 elements), MXFP4 (E2M1
+ * elements) and MXINT8 (int8 elements with an implicit scale of 2^-6), each
+ * block of Q3_MX_BLOCK consecutive values along a row (the reduction
+ * dimension of a matmul) sharing one E8M0 power-of-two scale.
  *
  * This is the bit-exact scalar definition; faster kernels are tested against
  * it, and tools/mx_ref.py reimplements it independently in numpy.
  *
  * Quantizing one block of 32 values v:
  *   shared = floor(log2(max|v|)) - emax, clamped to [-127, 127]
- *            (emax = 8 for E4M3, 2 for E2M1; an all-zero block gets -127);
+ *            (emax = 8 for E4M3, 2 for E2M1, 0 for INT8; an all-zero block
+ *            gets -127);
  *   scale code = shared + 127;
  *   element i = v[i] / 2^shared rounded to nearest, ties to even, in the
  *               element format (its subnormals included), saturating at the
- *               largest finite value (448 / 6). The sign of zero is kept, so
- *               -0 and negatives that round to zero give the negative-zero code.
+ *               largest finite value (448 / 6 / 127/64). The sign of zero is
+ *               kept, so -0 and negatives that round to zero give the
+ *               negative-zero code (MXINT8 has none: they give code 0).
+ * MXINT8 saturates symmetrically at +-127/64, as the OCP reference code
+ * does: code 0x80 (-2) is never produced, though it decodes as -2. That
+ * keeps |element| <= 127, which the integer kernels rely on for inputs.
  * NaN or infinite inputs are rejected. */
 #ifndef Q3_QUANT_MX_H
 #define Q3_QUANT_MX_H
@@ -24,7 +30,7 @@
 
 #define Q3_MX_BLOCK 32
 
-/* Q3_MXFP8 / Q3_MXFP4, the MX members of q3_dtype. */
+/* Q3_MXFP8 / Q3_MXFP4 / Q3_MXINT8, the MX members of q3_dtype. */
 typedef q3_dtype q3_mx_type;
 
 /* ---- Scalar element codecs (src/quant/minifloat.c) ---- */
@@ -52,6 +58,11 @@ float q3_e4m3_to_f32(uint8_t code);
  * NaN gives code 0, so callers must reject it first (the row quantizer does). */
 uint8_t q3_e2m1_from_f32(float x);
 float q3_e2m1_to_f32(uint8_t code); /* only the low nibble is read */
+/* INT8 with an implicit scale of 2^-6 (two's complement code): x * 64
+ * rounded to nearest, ties to even, saturating to +-127 (code 0x81 / 0x7F);
+ * zeros and NaN give code 0, so callers must reject NaN first. */
+uint8_t q3_int8_from_f32(float x);
+float q3_int8_to_f32(uint8_t code); /* (int8_t)code / 64 */
 float q3_e8m0_to_f32(uint8_t code);
 
 /* ---- Rows of blocks (src/quant/mx.c) ---- */
@@ -61,7 +72,7 @@ float q3_e8m0_to_f32(uint8_t code);
 int q3_mx_shared_exp(q3_mx_type t, float amax);
 
 /* Storage of a row of n values (n a multiple of Q3_MX_BLOCK): n / 32 scale
- * bytes, and elements of one byte each (MXFP8) or two per byte (MXFP4:
+ * bytes, and elements of one byte each (MXFP8, MXINT8) or two per byte (MXFP4:
  * element 2i in the LOW nibble, element 2i+1 in the high nibble). */
 size_t q3_mx_scale_bytes(size_t n);
 size_t q3_mx_elem_bytes(q3_mx_type t, size_t n);

@@ -125,26 +125,32 @@ static void test_matmul(void) {
     q3_kernels_force(Q3_ISA_COUNT - 1);
 }
 
-/* MX weights (both element formats, tiny and zero blocks included) against
+/* MX weights (every element format, tiny and zero blocks included) against
  * a double-precision product with the dequantized rows, for the GEMV (one
- * token) and packed GEMM paths of every ISA. */
-/* extremes: rows of tiny (scale code 0) and zero blocks, which the A8 GEMM
- * hands back to the fp32 kernels. */
-static void check_mx_a8(q3_dtype dt, int T, int M, int K, int a8, int extremes) {
-    const size_t eb = dt == Q3_MXFP8 ? (size_t)K : (size_t)K / 2;
+ * token) and packed GEMM paths of every ISA. act: the input as the model
+ * leaves it (Q3_F32: as computed; Q3_MXFP8 / Q3_MXINT8: quantized, A8).
+ * extremes 1: rows of tiny (scale code 0) and zero blocks, which the A8
+ * GEMM hands back to the fp32 kernels; 2 (MXINT8 weights): only the codes
+ * of largest magnitude (0x80 = -2, 0x81, 0x7F) against inputs at +-127/64,
+ * the integer GEMV's limits. */
+static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extremes) {
+    const size_t eb = q3_mx_elem_bytes(dt, (size_t)K);
     uint8_t *el = malloc((size_t)M * eb), *sc = malloc((size_t)M * K / 32);
     float *row = malloc((size_t)K * sizeof(float)), *wf = malloc((size_t)M * K * sizeof(float));
     float *x = malloc((size_t)T * K * sizeof(float)), *out = malloc((size_t)T * M * sizeof(float));
     for (int r = 0; r < M; r++) {
         for (int k = 0; k < K; k++)
-            row[k] = frand() * (extremes && r % 5 == 0 ? 1e-38f : extremes && r % 7 == 0 ? 0.0f : 3.0f);
+            row[k] = frand() * (extremes == 1 && r % 5 == 0 ? 1e-38f : extremes == 1 && r % 7 == 0 ? 0.0f : 3.0f);
         CHECK(q3_mx_quantize_row(dt, row, (size_t)K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
+        if (extremes == 2)
+            for (size_t i = 0; i < eb; i++) el[(size_t)r * eb + i] = (uint8_t[]){0x80, 0x81, 0x7F}[(i * 7 + (size_t)r) % 3];
         q3_mx_dequantize_row(dt, sc + (size_t)r * K / 32, el + (size_t)r * eb, (size_t)K, wf + (size_t)r * K);
     }
-    for (int i = 0; i < T * K; i++) x[i] = frand() * (i % 97 == 0 ? 300.0f : 1.0f);
-    /* A8: the input holds MXFP8 values, as the model leaves it. */
-    for (int t = 0; a8 && t < T; t++) CHECK(q3_mx_fake_quant_row(Q3_MXFP8, x + (size_t)t * K, (size_t)K, x + (size_t)t * K) == 0);
-    q3_mat W = {.data = el, .dtype = dt, .rows = M, .cols = K, .scales = sc, .a8 = a8};
+    for (int i = 0; i < T * K; i++)
+        x[i] = extremes == 2 ? (i % 3 ? -127.0f / 64 : 127.0f / 64) : frand() * (i % 97 == 0 ? 300.0f : 1.0f);
+    for (int t = 0; act != Q3_F32 && t < T; t++)
+        CHECK(q3_mx_fake_quant_row(act, x + (size_t)t * K, (size_t)K, x + (size_t)t * K) == 0);
+    q3_mat W = {.data = el, .dtype = dt, .rows = M, .cols = K, .scales = sc, .a8 = act != Q3_F32, .ai8 = act == Q3_MXINT8};
     for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
@@ -156,35 +162,48 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, int a8, int extremes) 
 }
 
 static void check_mx(q3_dtype dt, int T, int M, int K) {
-    check_mx_a8(dt, T, M, K, 0, 1);
-    check_mx_a8(dt, T, M, K, 1, 1);
+    check_mx_a8(dt, T, M, K, Q3_F32, 1);
+    check_mx_a8(dt, T, M, K, Q3_MXFP8, 1);
+    check_mx_a8(dt, T, M, K, Q3_MXINT8, 1);
 }
 
 static void test_mx_matmul(void) {
-    /* The A8 GEMV: runs of 16 blocks, shorter tails, both element formats. */
+    /* The A8 GEMV: runs of 16 blocks, shorter tails, every element format. */
     check_mx(Q3_MXFP4, 1, 33, 128);
     check_mx(Q3_MXFP8, 1, 33, 192);
+    check_mx(Q3_MXINT8, 1, 33, 192);
     check_mx(Q3_MXFP4, 1, 50, 1152);
     check_mx(Q3_MXFP8, 1, 50, 1152);
+    check_mx(Q3_MXINT8, 1, 50, 1152);
     check_mx(Q3_MXFP8, 1, 260, 2048); /* multi-threaded */
+    check_mx(Q3_MXINT8, 1, 260, 2048);
     /* The A8 GEMM: 1, 2 and 3 vectors of tokens, row tails, several passes of 48 tokens. */
     const int gt[] = {2, 9, 17, 33, 48, 100};
     for (size_t i = 0; i < sizeof gt / sizeof gt[0]; i++) {
-        check_mx_a8(Q3_MXFP4, gt[i], 37, 256, 1, 0);
-        check_mx_a8(Q3_MXFP8, gt[i], 21, 192, 1, 0);
+        check_mx_a8(Q3_MXFP4, gt[i], 37, 256, Q3_MXFP8, 0);
+        check_mx_a8(Q3_MXFP8, gt[i], 21, 192, Q3_MXFP8, 0);
+        check_mx_a8(Q3_MXFP4, gt[i], 37, 256, Q3_MXINT8, 0);
+        check_mx_a8(Q3_MXINT8, gt[i], 21, 192, Q3_MXINT8, 0);
     }
-    check_mx_a8(Q3_MXFP4, 40, 300, 1024, 1, 0); /* multi-threaded */
-    check_mx_a8(Q3_MXFP4, 64, 30, 256, 1, 0);   /* two equal passes of 32 */
-    check_mx_a8(Q3_MXFP4, 20, 40, 256, 1, 1);   /* panels falling back to fp32 */
+    check_mx_a8(Q3_MXFP4, 40, 300, 1024, Q3_MXFP8, 0); /* multi-threaded */
+    check_mx_a8(Q3_MXFP4, 64, 30, 256, Q3_MXFP8, 0);   /* two equal passes of 32 */
+    check_mx_a8(Q3_MXFP4, 20, 40, 256, Q3_MXFP8, 1);   /* panels falling back to fp32 */
     check_mx(Q3_MXFP8, 1, 37, 256);
     check_mx(Q3_MXFP4, 1, 37, 256);
     check_mx(Q3_MXFP8, 9, 40, 320);
     check_mx(Q3_MXFP8, 5, 40, 320); /* a few tokens: one GEMV per token (AVX2) */
     check_mx(Q3_MXFP4, 8, 23, 256);
+    check_mx(Q3_MXINT8, 5, 40, 320);
     check_mx(Q3_MXFP4, 9, 40, 320);
+    check_mx(Q3_MXINT8, 9, 40, 320);
+    check_mx(Q3_MXINT8, 130, 40, 320); /* more tokens than the broadcast GEMM takes: panels */
     check_mx(Q3_MXFP4, 1, 300, 2048); /* multi-threaded */
     check_mx(Q3_MXFP4, 1, 20, 96);    /* odd number of 32-blocks */
     check_mx(Q3_MXFP8, 1, 20, 96);
+    check_mx(Q3_MXINT8, 1, 20, 96);
+    /* The integer GEMV's limits: |weight| 128 (code 0x80) against |input| 127. */
+    check_mx_a8(Q3_MXINT8, 1, 40, 256, Q3_MXINT8, 2);
+    check_mx_a8(Q3_MXINT8, 3, 40, 256, Q3_MXINT8, 2);
 }
 
 /* A strided view (a transposed matrix) gives the same products as the contiguous one. */
@@ -412,16 +431,16 @@ static void test_add_rmsnorm_mx8(void) {
     memcpy(x1, x0, sizeof x0), memcpy(x2, x0, sizeof x0), memcpy(d2, d0, sizeof d0), memcpy(x3, x0, sizeof x0);
     q3_add_rmsnorm(x1, d0, w, out1, N, 1e-6f);
     CHECK(q3_mx_fake_quant_row(Q3_MXFP8, out1, N, q1) == 0);
-    q3_add_rmsnorm_mx8(x2, d2, w, out2, d2, N, 1e-6f); /* the copy over delta, as mlp_block does */
+    q3_add_rmsnorm_mx(x2, d2, w, out2, d2, N, 1e-6f, Q3_MXFP8); /* the copy over delta, as mlp_block does */
     CHECK(!memcmp(x1, x2, sizeof x1) && !memcmp(out1, out2, sizeof out1) && !memcmp(q1, d2, sizeof q1));
     q3_rmsnorm(out1, x0, w, N, 1e-6f);
     CHECK(q3_mx_fake_quant_row(Q3_MXFP8, out1, N, q1) == 0);
-    q3_add_rmsnorm_mx8(x3, NULL, w, NULL, q3, N, 1e-6f);
+    q3_add_rmsnorm_mx(x3, NULL, w, NULL, q3, N, 1e-6f, Q3_MXFP8);
     CHECK(!memcmp(x3, x0, sizeof x0) && !memcmp(q1, q3, sizeof q1));
     /* An infinite input: the norm scales everything else to zero and the
      * infinity itself to NaN, whose block is copied unquantized. */
     x3[70] = INFINITY;
-    q3_add_rmsnorm_mx8(x3, NULL, w, out1, q3, N, 1e-6f);
+    q3_add_rmsnorm_mx(x3, NULL, w, out1, q3, N, 1e-6f, Q3_MXFP8);
     int ok = isnan(q3[70]) && isnan(out1[70]);
     for (int i = 0; i < N; i++)
         if (i != 70) ok &= q3[i] == 0 && out1[i] == 0;
@@ -449,18 +468,18 @@ static void test_activation_helpers(void) {
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
         memset(got, 0, sizeof got);
-        CHECK(q3_act_mx8(x, N, got) == 0);
+        CHECK(q3_act_mx(Q3_MXFP8, x, N, got) == 0);
         CHECK(!memcmp(got, want, sizeof got));
         memcpy(got, x, sizeof got);
-        CHECK(q3_act_mx8(got, N, got) == 0); /* in place, as q3_act_quant runs it */
+        CHECK(q3_act_mx(Q3_MXFP8, got, N, got) == 0); /* in place, as q3_act_quant runs it */
         CHECK(!memcmp(got, want, sizeof got));
         float bad[64];
         memcpy(bad, x, sizeof bad);
         bad[40] = NAN;
         memset(got, 0, sizeof bad);
-        CHECK(q3_act_mx8(bad, 64, got) == -1);
+        CHECK(q3_act_mx(Q3_MXFP8, bad, 64, got) == -1);
         bad[40] = -INFINITY;
-        CHECK(q3_act_mx8(bad, 64, got) == -1);
+        CHECK(q3_act_mx(Q3_MXFP8, bad, 64, got) == -1);
         float zero[64] = {0};
         CHECK(!memcmp(got, zero, sizeof zero));
         enum { S = 203 };

@@ -35,6 +35,15 @@ static int same_value(double ref, float got) {
  * mantissa bit is 0); beyond the range the largest value is nearest, which is
  * saturation. The sign is taken from v so that zero keeps it. */
 static int nearest_code(q3_mx_type t, double v) {
+    if (t == Q3_MXINT8) { /* m / 64 for m in [-127, 127]; ties to the even m; zero has no sign */
+        int best = 0;
+        double best_d = INFINITY;
+        for (int m = -127; m <= 127; m++) {
+            double d = fabs(m / 64.0 - v);
+            if (d < best_d || (d == best_d && !(m & 1))) best_d = d, best = m;
+        }
+        return best & 0xFF;
+    }
     int ncodes = t == Q3_MXFP8 ? 127 : 8; /* non-negative finite codes */
     double a = fabs(v), best_d = INFINITY;
     int best = 0;
@@ -175,7 +184,7 @@ static void test_sizes(void) {
 }
 
 static uint8_t elem_code(q3_mx_type t, const uint8_t *elems, int i) {
-    return t == Q3_MXFP8 ? elems[i] : (uint8_t)((elems[i / 2] >> (i % 2 * 4)) & 0xF);
+    return t != Q3_MXFP4 ? elems[i] : (uint8_t)((elems[i / 2] >> (i % 2 * 4)) & 0xF);
 }
 
 /* Quantize one block whose only non-zero entries are given; check its scale
@@ -235,6 +244,41 @@ static void test_blocks(void) {
     check_block(Q3_MXFP4, 3, (float[]){4.0f, -0.0f, -0.1f}, 127, (int[]){0x6, 0x8, 0x8});
 }
 
+/* MXINT8: elements m / 64 for int8 m; worked by hand. */
+static void test_mxint8(void) {
+    int bad = 0;
+    for (int c = 0; c < 256; c++) bad += q3_int8_to_f32((uint8_t)c) != (float)ldexp(c < 128 ? c : c - 256, -6);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(q3_int8_from_f32(1.0f), 0x40);
+    CHECK_EQ_INT(q3_int8_from_f32(-1.0f), 0xC0);
+    CHECK_EQ_INT(q3_int8_from_f32(127.0f / 64), 0x7F);
+    CHECK_EQ_INT(q3_int8_from_f32(1.999f), 0x7F);  /* 127.94 saturates */
+    CHECK_EQ_INT(q3_int8_from_f32(-2.0f), 0x81);   /* symmetric: never 0x80 */
+    CHECK_EQ_INT(q3_int8_from_f32(0.5f / 64), 0x00); /* ties to even */
+    CHECK_EQ_INT(q3_int8_from_f32(1.5f / 64), 0x02);
+    CHECK_EQ_INT(q3_int8_from_f32(2.5f / 64), 0x02);
+    CHECK_EQ_INT(q3_int8_from_f32(-2.5f / 64), 0xFE);
+    CHECK_EQ_INT(q3_int8_from_f32(nextafterf(2.5f / 64, 1.0f)), 0x03);
+    CHECK_EQ_INT(q3_int8_from_f32(-0.0f), 0x00);
+    CHECK_EQ_INT(q3_int8_from_f32(-1e-5f), 0x00);
+    CHECK(!signbit(q3_int8_to_f32(0)));
+    CHECK_EQ_INT(q3_mx_elem_bytes(Q3_MXINT8, 64), 64);
+    CHECK_EQ_INT(q3_mx_row_bytes(Q3_MXINT8, 64), 66);
+
+    check_block(Q3_MXINT8, 0, NULL, 0, NULL);
+    /* Max 1.0: shared exponent 0 (code 127): 1.0 -> 64, -0.5 -> -32. */
+    check_block(Q3_MXINT8, 2, (float[]){1.0f, -0.5f}, 127, (int[]){0x40, 0xE0});
+    /* Max 3: exponent 1 (code 128), elements x / 2 * 64: 96, -22.4 -> -22,
+     * 9.6 -> 10, 40. */
+    check_block(Q3_MXINT8, 4, (float[]){3.0f, -0.7f, 0.3f, 1.25f}, 128, (int[]){0x60, 0xEA, 0x0A, 0x28});
+    /* FLT_MAX: exponent 127 (code 254), 127.99 saturates to 127. */
+    check_block(Q3_MXINT8, 2, (float[]){FLT_MAX, -FLT_MAX}, 254, (int[]){0x7F, 0x81});
+    /* Low clamp: max 1.5 * 2^-130 -> exponent -127 (code 0): 1.5 * 2^-3 * 64 = 12. */
+    check_block(Q3_MXINT8, 1, (float[]){1.5f * 0x1p-130f}, 0, (int[]){0x0C});
+    /* Zeros of either sign and negatives rounding to zero: code 0. */
+    check_block(Q3_MXINT8, 3, (float[]){1.0f, -0.0f, -0.001f}, 127, (int[]){0x40, 0x00, 0x00});
+}
+
 static void test_packing(void) {
     float x[32] = {0};
     uint8_t s, el[16];
@@ -284,6 +328,7 @@ static void random_row(float *x) {
 }
 
 static double ulp_at(q3_mx_type t, double a) {
+    if (t == Q3_MXINT8) return 0x1p-6;
     int mbits = t == Q3_MXFP8 ? 3 : 1, emin = t == Q3_MXFP8 ? -6 : 0;
     int e = a > 0 ? ilogb(a) : emin;
     return ldexp(1.0, (e < emin ? emin : e) - mbits);
@@ -293,7 +338,7 @@ static void test_random_rows(q3_mx_type t) {
     float x[ROW], y[ROW], z[ROW];
     uint8_t s[ROW / 32], el[ROW], s2[ROW / 32], el2[ROW];
     size_t eb = q3_mx_elem_bytes(t, ROW);
-    double maxv = t == Q3_MXFP8 ? 448 : 6;
+    double maxv = t == Q3_MXFP8 ? 448 : t == Q3_MXFP4 ? 6 : 127.0 / 64;
     int fail_q = 0, idem = 0, err = 0, nearest = 0, fake = 0;
     for (int r = 0; r < ROWS; r++) {
         random_row(x);
@@ -310,6 +355,7 @@ static void test_random_rows(q3_mx_type t) {
             int e = s[i / 32] - 127;
             double v = ldexp(x[i], -e), q = ldexp(y[i], -e);
             if (fabs(v) > maxv) err += q != copysign(maxv, v);
+            else if (t == Q3_MXINT8 && q == 0) err += signbit(y[i]) != 0; /* integers have no -0 */
             else err += fabs(v - q) > ulp_at(t, fabs(v)) / 2;
             nearest += elem_code(t, el, i) != nearest_code(t, v);
         }
@@ -358,6 +404,8 @@ int main(void) {
     test_errors();
     test_random_rows(Q3_MXFP8);
     test_random_rows(Q3_MXFP4);
+    test_random_rows(Q3_MXINT8);
+    test_mxint8();
     test_representable_exact(Q3_MXFP8);
     test_representable_exact(Q3_MXFP4);
     UNIT_MAIN_END();

@@ -58,7 +58,7 @@ static void build(void) {
     unsigned char *head;
     size_t head_len;
     uint64_t fsize;
-    q3_quant_scheme s = {Q3_MXFP4, Q3_MXFP8, 1, Q3_MXFP8};
+    q3_quant_scheme s = {Q3_MXFP4, Q3_MXFP8, Q3_MXFP8, Q3_MXFP8};
     CHECK(q3m_layout(secs, 2, ts, 3, s, &head, &head_len, &fsize) == 0);
     g_size = (size_t)fsize;
     g_file = calloc(1, g_size);
@@ -95,7 +95,7 @@ static void test_roundtrip(void) {
     CHECK_EQ_STR(f.engine, Q3M_ENGINE_VERSION);
     CHECK_EQ_INT(f.scheme.ffn, Q3_MXFP4);
     CHECK_EQ_INT(f.scheme.attn, Q3_MXFP8);
-    CHECK_EQ_INT(f.scheme.act_mxfp8, 1);
+    CHECK_EQ_INT(f.scheme.act, Q3_MXFP8);
     CHECK_EQ_INT(f.scheme.head, Q3_MXFP8);
     CHECK_EQ_STR(f.config_json, CONFIG);
     CHECK(f.tokenizer_json && f.tokenizer_len == sizeof TOKENIZER - 1 && !memcmp(f.tokenizer_json, TOKENIZER, f.tokenizer_len));
@@ -197,7 +197,7 @@ static void test_duplicate_names(void) {
     unsigned char *head;
     size_t head_len;
     uint64_t fsize;
-    CHECK(q3m_layout(&sec, 1, ts, 2, (q3_quant_scheme){Q3_BF16, Q3_BF16, 0, Q3_BF16}, &head, &head_len, &fsize) == 0);
+    CHECK(q3m_layout(&sec, 1, ts, 2, (q3_quant_scheme){Q3_BF16, Q3_BF16, Q3_F32, Q3_BF16}, &head, &head_len, &fsize) == 0);
     unsigned char *b = calloc(1, (size_t)fsize);
     memcpy(b, head, head_len);
     memcpy(b + sec.offset, CONFIG, sizeof CONFIG - 1);
@@ -228,13 +228,13 @@ static void test_fnv_and_sizes(void) {
 
 static void test_targets(void) {
     q3_quant_scheme s;
-    CHECK(q3_scheme_from_name("w4a8", &s) == 0 && s.ffn == Q3_MXFP4 && s.attn == Q3_MXFP8 && s.act_mxfp8 == 1);
-    CHECK(q3_scheme_from_name("w8a8", &s) == 0 && s.ffn == Q3_MXFP8 && s.attn == Q3_MXFP8 && s.act_mxfp8 == 1);
-    CHECK(q3_scheme_from_name("w4", &s) == 0 && s.ffn == Q3_MXFP4 && s.attn == Q3_MXFP4 && s.act_mxfp8 == 0);
-    CHECK(q3_scheme_from_name("w8", &s) == 0 && s.ffn == Q3_MXFP8 && s.attn == Q3_MXFP8 && s.act_mxfp8 == 0);
-    CHECK(q3_scheme_from_name("bf16", &s) == 0 && s.ffn == Q3_BF16 && s.attn == Q3_BF16 && s.act_mxfp8 == 0);
+    CHECK(q3_scheme_from_name("w4a8", &s) == 0 && s.ffn == Q3_MXFP4 && s.attn == Q3_MXFP8 && s.act == Q3_MXFP8);
+    CHECK(q3_scheme_from_name("w8a8", &s) == 0 && s.ffn == Q3_MXFP8 && s.attn == Q3_MXFP8 && s.act == Q3_MXFP8);
+    CHECK(q3_scheme_from_name("w4", &s) == 0 && s.ffn == Q3_MXFP4 && s.attn == Q3_MXFP4 && s.act == Q3_F32);
+    CHECK(q3_scheme_from_name("w8", &s) == 0 && s.ffn == Q3_MXFP8 && s.attn == Q3_MXFP8 && s.act == Q3_F32);
+    CHECK(q3_scheme_from_name("bf16", &s) == 0 && s.ffn == Q3_BF16 && s.attn == Q3_BF16 && s.act == Q3_F32);
     CHECK(q3_scheme_from_name("w2", &s) != 0);
-    q3_quant_scheme w = {Q3_MXFP4, Q3_MXFP8, 1, Q3_BF16};
+    q3_quant_scheme w = {Q3_MXFP4, Q3_MXFP8, Q3_MXFP8, Q3_BF16};
     static const struct {
         const char *name;
         q3_dtype want;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "model/forward.h"
+#include "quant/convert.h"
 #include "synth/config.h"
 #include "synth/dir.h"
 #include "synth/presets.h"
@@ -89,12 +90,11 @@ static void greedy(const q3_model *m, int threads, int steps, int32_t *ids, floa
     q3_state_free(&s);
 }
 
-int main(void) {
-    char dir[] = "/tmp/q3moe-static-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    CHECK(make_checkpoint(dir) == 0);
+/* Greedy decode with 2 and 1 threads: no allocation or thread creation in
+ * the steps, and the same tokens and logits either way. */
+static void check_model(const char *path) {
     q3_model m;
-    CHECK(q3_model_load(&m, dir) == 0);
+    if (!CHECK(q3_model_load(&m, path) == 0)) return;
     enum { STEPS = 103 };
     int32_t ids1[STEPS], ids2[STEPS];
     float *l1 = malloc((size_t)m.cfg.vocab_size * sizeof(float)), *l2 = malloc((size_t)m.cfg.vocab_size * sizeof(float));
@@ -102,7 +102,8 @@ int main(void) {
     greedy(&m, 2, STEPS, ids2, l2, &a2, &s2);
     greedy(&m, 1, STEPS, ids1, l1, &a1, &s1);
     if (COUNTING) {
-        printf("100 decode steps: %ld allocations, %ld threads created (2 threads); %ld, %ld (1 thread)\n", a2, s2, a1, s1);
+        printf("%s: 100 decode steps: %ld allocations, %ld threads created (2 threads); %ld, %ld (1 thread)\n", path, a2,
+               s2, a1, s1);
         CHECK_EQ_INT(a2, 0);
         CHECK_EQ_INT(s2, 0);
         CHECK_EQ_INT(a1, 0);
@@ -112,6 +113,24 @@ int main(void) {
     CHECK(memcmp(l1, l2, (size_t)m.cfg.vocab_size * sizeof(float)) == 0);
     free(l1), free(l2);
     q3_model_free(&m);
+}
+
+int main(void) {
+    char dir[] = "/tmp/q3moe-static-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK(make_checkpoint(dir) == 0);
+    check_model(dir);
+    /* The quantized decode paths: MXFP8 (A8) and MXINT8 (integer) inputs, MX heads. */
+    static const q3_quant_scheme schemes[] = {{Q3_MXFP4, Q3_MXFP8, Q3_MXFP8, Q3_MXFP8},
+                                              {Q3_MXFP4, Q3_MXINT8, Q3_MXINT8, Q3_MXINT8}};
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
+        char *q = q3_path_join(dir, i ? "w4a8i.q3m" : "w4a8.q3m");
+        q3_convert_opts o = {.src = dir, .dst = q, .scheme = schemes[i], .quiet = 1};
+        q3_convert_stats st;
+        if (CHECK(q3_convert(&o, &st) == 0)) check_model(q);
+        unlink(q);
+        free(q);
+    }
     synth_remove_owned(dir);
     rmdir(dir);
     UNIT_MAIN_END();

@@ -1,0 +1,181 @@
+/* AVX2 integer GEMV for MXINT8 inputs (the A8 input of the "i" schemes,
+ * W4A8i / W8A8i) against MXINT8 or MXFP4 weights: the decode path of those
+ * linears.
+ *
+ * Why integers: an int8 element times an int8 element, or times twice an
+ * E2M1 value (an integer in [-12, 12]), is exact in 16 bits, and a block's
+ * 32 products sum exactly in 32 bits. vpmaddubsw multiplies 32 byte pairs
+ * and adds neighbours in one instruction, so a block costs about 5 vector
+ * operations instead of the 13 of decoding to fp32 and FMAs
+ * (gemv_mx_avx2.c), and the GEMV streams its weights close to the memory
+ * read rate. The block's integer sum is then scaled once by the product of
+ * the two E8M0 scales, in fp32, as the fp32 kernels scale their block sums.
+ * (MXFP8 inputs do not fit: an E4M3 value needs 18 bits as an integer.)
+ *
+ * vpmaddubsw takes one unsigned operand. For MXINT8 weights that is |w|
+ * (up to 128: code 0x80, -2, is decoded exactly) with the input's sign
+ * moved onto the input: |w| * (a * sign(w)), |a| <= 127 by the quantizer.
+ * For MXFP4 it is |a| with the sign moved onto the decoded weight. Either
+ * way a pair sums to at most 2 * 128 * 127 < 2^15: no saturation.
+ *
+ * The input copy (i8_prep) re-quantizes x to MXINT8, which gives back x's
+ * own elements exactly when x already is MXINT8 (q3_mat.ai8: the model
+ * quantized it), and stores them in the order the weight decoding leaves
+ * its lanes in. */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/isa.h"
+#include "quant/mx.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Software prefetch distance of the weight stream, as in the other GEMVs:
+ * the hardware prefetcher stops at every 4 KiB page edge. */
+enum { PF_BYTES = 4096, PF_ROWS = 4, SC_PF_BYTES = 256 };
+
+/* Input copy layout, for K elements:
+ *   MXINT8 weights: a[K] (int8, stored order), then fs[K/32] floats;
+ *   MXFP4 weights:  ua[K] (|a|), sa[K] (a), then fs[K/8] floats;
+ * per 64 elements (two blocks, b and b+1) ua/sa hold the even elements of
+ * block b, the even ones of b+1, the odd ones of b, the odd ones of b+1
+ * (the low and the high nibbles of the 32 weight bytes), and fs holds the
+ * two blocks' factors 4 times each (the lanes of the block sums).
+ * fs = 2^(shared - 6), NaN for a block holding NaN or infinity. */
+static float *fs_of(void *xq, int K, q3_dtype wt) { return (float *)((uint8_t *)xq + (wt == Q3_MXFP4 ? 2 * (size_t)K : (size_t)K)); }
+
+/* One block of x as MXINT8 codes (mx.h's rule: x / 2^shared rounded to
+ * nearest even in units of 2^-6, saturating at +-127) in q[32]; returns the
+ * factor 2^(shared - 6), or NaN (codes 0) when the block is not finite.
+ * Scaling by a power of two is exact, and so are the rounding and the
+ * clamp, so this equals q3_mx_quantize_row(Q3_MXINT8) code for code. */
+static float quant_block(const float *x, int8_t q[32]) {
+    __m256 v[4], amax = _mm256_setzero_ps(), bad = amax;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], abs_mask));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v[i], v[i]), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+    }
+    if (_mm256_movemask_ps(bad)) {
+        memset(q, 0, 32);
+        return NAN;
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const int e = q3_mx_shared_exp(Q3_MXINT8, _mm_cvtss_f32(m));
+    const __m256 inv = _mm256_set1_ps(ldexpf(1.0f, 6 - e)), top = _mm256_set1_ps(127.0f);
+    __m256i w[4];
+    for (int i = 0; i < 4; i++) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm256_min_ps(_mm256_max_ps(r, _mm256_sub_ps(_mm256_setzero_ps(), top)), top);
+        w[i] = _mm256_cvtps_epi32(r);
+    }
+    /* 32 int32 -> 32 int8: the packs interleave 128-bit lanes; one permute puts them back. */
+    const __m256i p16a = _mm256_packs_epi32(w[0], w[1]), p16b = _mm256_packs_epi32(w[2], w[3]);
+    const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p8);
+    return ldexpf(1.0f, e - 6);
+}
+
+void q3_avx2_i8_prep(void *xq, const float *x, int K, q3_dtype wt) {
+    float *fs = fs_of(xq, K, wt);
+    int8_t *a = xq, q[2][32];
+    if (wt != Q3_MXFP4) {
+        for (int b = 0; b < K / 32; b++) fs[b] = quant_block(x + (size_t)b * 32, (int8_t *)a + (size_t)b * 32);
+        return;
+    }
+    uint8_t *ua = xq;
+    int8_t *sa = a + K;
+    for (int k = 0; k < K; k += 64) {
+        for (int h = 0; h < 2; h++) {
+            const float f = quant_block(x + k + 32 * h, q[h]);
+            for (int i = 0; i < 4; i++) fs[k / 8 + 4 * h + i] = f;
+        }
+        for (int half = 0; half < 2; half++)     /* even elements, then odd */
+            for (int h = 0; h < 2; h++)          /* block b, then b+1 */
+                for (int j = 0; j < 16; j++) {
+                    const int slot = k + 32 * half + 16 * h + j;
+                    sa[slot] = q[h][2 * j + half];
+                    ua[slot] = (uint8_t)abs(q[h][2 * j + half]);
+                }
+    }
+}
+
+INLINE float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 32 products of MXINT8 weights and inputs, summed in 4s into 8 int32 lanes,
+ * as fp32. */
+INLINE __m256 dot_i8(const uint8_t *w, const int8_t *a) {
+    const __m256i wv = _mm256_loadu_si256((const __m256i *)w), av = _mm256_loadu_si256((const __m256i *)a);
+    const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+INLINE float row_i8(const uint8_t *el, const uint8_t *sc, int nb, const int8_t *a, const float *fs, const float *wtab,
+                    size_t pf) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    for (int b = 0; b < nb; b += 2) {
+        _mm_prefetch((const char *)el + (size_t)b * 32 + pf, _MM_HINT_T0);
+        const __m256 d0 = dot_i8(el + (size_t)b * 32, a + (size_t)b * 32);
+        const __m256 d1 = dot_i8(el + (size_t)b * 32 + 32, a + (size_t)b * 32 + 32);
+        acc0 = _mm256_fmadd_ps(d0, _mm256_set1_ps(wtab[sc[b]] * fs[b]), acc0);
+        acc1 = _mm256_fmadd_ps(d1, _mm256_set1_ps(wtab[sc[b + 1]] * fs[b + 1]), acc1);
+    }
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+/* Two MXFP4 blocks (32 bytes) per step: the low nibbles index a table of
+ * twice the E2M1 values, as do the high ones; the sums of both land in
+ * lanes 0-3 (block b) and 4-7 (block b+1). */
+INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const uint8_t *ua, const int8_t *sa, const float *fs,
+                     const float *wtab, size_t pf) {
+    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8,
+                                         12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    for (int b = 0; b < nb; b += 2) {
+        const size_t k = (size_t)b * 32;
+        if (b & 2) _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(el + (size_t)b * 16));
+        const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(x, m4));
+        const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(ua + k)),
+                                                _mm256_sign_epi8(lo, _mm256_loadu_si256((const __m256i *)(sa + k))));
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(ua + k + 32)),
+                                                _mm256_sign_epi8(hi, _mm256_loadu_si256((const __m256i *)(sa + k + 32))));
+        /* |p0 + p1| <= 4 * 12 * 127: still 16 bits */
+        const __m256 d = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
+        const __m256 ws = _mm256_set_m128(_mm_set1_ps(wtab[sc[b + 1]]), _mm_set1_ps(wtab[sc[b]]));
+        const __m256 s = _mm256_mul_ps(ws, _mm256_loadu_ps(fs + k / 8));
+        if (b & 2) acc1 = _mm256_fmadd_ps(d, s, acc1);
+        else acc0 = _mm256_fmadd_ps(d, s, acc0);
+    }
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1) {
+    const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
+    const size_t eb = q3_mx_elem_bytes(W->dtype, (size_t)K);
+    const float *wtab = q3_mx_scale_table(W->dtype), *fs = fs_of((void *)xq, K, W->dtype);
+    const uint8_t *el = W->data, *sc = W->scales;
+    const size_t pf = PF_ROWS * eb > PF_BYTES ? PF_ROWS * eb : PF_BYTES;
+    const size_t spf = PF_ROWS * (size_t)nb > SC_PF_BYTES ? PF_ROWS * (size_t)nb : SC_PF_BYTES;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
+        _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
+        out[r - r0] = fp4 ? row_fp4(e, s, nb, xq, (const int8_t *)xq + K, fs, wtab, pf)
+                          : row_i8(e, s, nb, xq, fs, wtab, pf);
+    }
+}
+#pragma GCC pop_options
