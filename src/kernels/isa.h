@@ -59,9 +59,11 @@ typedef struct {
     void (*att_decode)(const float *q, const float *k, const float *v, size_t stride, int nk, int D, float scale, float *st);
     /* Element-wise activation helpers (NULL: the scalar code in ops.c and
      * quant/mx.c). mx8_fake_quant: q3_mx_fake_quant_row(Q3_MXFP8, ...) bit
-     * for bit (n % 32 == 0; -1, writing nothing, when x holds NaN/Inf).
+     * for bit (n % 32 == 0; -1, writing nothing, when x holds NaN/Inf);
+     * mxi8_fake_quant the same for Q3_MXINT8.
      * swiglu: out = silu(gate) * up, within a few ulp of the scalar expf. */
     int (*mx8_fake_quant)(const float *x, size_t n, float *y);
+    int (*mxi8_fake_quant)(const float *x, size_t n, float *y);
     void (*swiglu)(float *out, const float *gate, const float *up, int n);
     /* MX GEMV on a prepared input (MX weights, cols % 64 == 0 for MXFP8,
      * % 128 for MXFP4; NULL: not available): a8_prep writes x[0..K) in the
@@ -108,7 +110,7 @@ typedef struct {
     /* Integer GEMV for MXINT8 inputs (W->ai8) against MXINT8 or MXFP4
      * weights (cols % 64 == 0, <= 32768; NULL: not available): i8_prep
      * writes x[0..K) as MXINT8 elements and block factors in the order
-     * gemv_i8 reads for weights of dtype wt, at most 3 * K bytes (exact
+     * gemv_i8 reads for weights of dtype wt, at most 2 * K bytes (exact
      * when x is MXINT8-quantized, as W->ai8 promises); gemv_i8 is gemv on
      * that copy, each block an exact integer sum scaled once. */
     void (*i8_prep)(void *xq, const float *x, int K, q3_dtype wt);

@@ -548,15 +548,18 @@ static void att_decode(const float *q, const float *k, const float *v, size_t st
 
 /* isa_avx512.c's mx8_fake_quant with 8 lanes: quant/mx.c's fast path (each
  * element rounded to its quantum 2^q by adding and subtracting 2^(q+23),
- * clamped to 448 * 2^e), blocks outside its exponent range through
- * quant/mx.c itself. */
-static int mx8_fake_quant(const float *x, size_t n, float *y) {
+ * clamped to the largest element times 2^e), blocks outside its exponent
+ * range through quant/mx.c itself. MXFP8 and MXINT8 (6 "mantissa" bits,
+ * one quantum per block, unsigned zeros). */
+INLINE int fake_quant(q3_dtype t, const float *x, size_t n, float *y) {
     const __m256i expo = _mm256_set1_epi32(0x7f800000), absm = _mm256_set1_epi32(0x7fffffff);
-    if (n % 32) return q3_mx_fake_quant_row(Q3_MXFP8, x, n, y);
+    const int i8 = t == Q3_MXINT8, mbits = i8 ? 6 : 3, emin = i8 ? 0 : -6;
+    const float emax_val = i8 ? 127.0f / 64 : 448.0f;
+    if (n % 32) return q3_mx_fake_quant_row(t, x, n, y);
     int bad = 0;
     for (size_t i = 0; i < n; i += 8)
         bad |= _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), expo), expo));
-    if (bad) return q3_mx_fake_quant_row(Q3_MXFP8, x, n, y); /* the error, naming the element */
+    if (bad) return q3_mx_fake_quant_row(t, x, n, y); /* the error, naming the element */
     for (size_t b = 0; b < n; b += 32) {
         __m256i u[4], a[4];
         for (int h = 0; h < 4; h++) {
@@ -570,24 +573,29 @@ static int mx8_fake_quant(const float *x, size_t n, float *y) {
         const uint32_t abits = (uint32_t)_mm_cvtsi128_si32(m4);
         float amax;
         memcpy(&amax, &abits, 4);
-        const int e = q3_mx_shared_exp(Q3_MXFP8, amax);
+        const int e = q3_mx_shared_exp(t, amax);
         if (e < -100 || e > 90) {
-            if (q3_mx_fake_quant_row(Q3_MXFP8, x + b, 32, y + b)) return -1;
+            if (q3_mx_fake_quant_row(t, x + b, 32, y + b)) return -1;
             continue;
         }
-        const __m256i qmin = _mm256_set1_epi32(e - 6 - 3);
-        const __m256 top = _mm256_set1_ps(448.0f * q3_e8m0_to_f32((uint8_t)(e + 127)));
+        const __m256i qmin = _mm256_set1_epi32(e + emin - mbits);
+        const __m256 top = _mm256_set1_ps(emax_val * q3_e8m0_to_f32((uint8_t)(e + 127)));
         for (int h = 0; h < 4; h++) {
-            const __m256i q = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(a[h], 23), _mm256_set1_epi32(130)), qmin);
+            const __m256i q = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(a[h], 23), _mm256_set1_epi32(127 + mbits)), qmin);
             const __m256 magic = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(150)), 23));
             const __m256 av = _mm256_castsi256_ps(a[h]);
             const __m256 r = _mm256_min_ps(_mm256_sub_ps(_mm256_add_ps(av, magic), magic), top);
-            const __m256i sign = _mm256_andnot_si256(absm, u[h]);
+            __m256i sign = _mm256_andnot_si256(absm, u[h]);
+            if (i8) /* integers have no -0 */
+                sign = _mm256_andnot_si256(_mm256_castps_si256(_mm256_cmp_ps(r, _mm256_setzero_ps(), _CMP_EQ_OQ)), sign);
             _mm256_storeu_si256((__m256i *)(y + b + 8 * h), _mm256_or_si256(_mm256_castps_si256(r), sign));
         }
     }
     return 0;
 }
+
+static int mx8_fake_quant(const float *x, size_t n, float *y) { return fake_quant(Q3_MXFP8, x, n, y); }
+static int mxi8_fake_quant(const float *x, size_t n, float *y) { return fake_quant(Q3_MXINT8, x, n, y); }
 
 /* silu(g) = g / (1 + e^-g), with e^-|g| from exp_neg8: for g < 0 it is
  * g e^g / (1 + e^g), so the exponential never overflows. */
@@ -605,7 +613,7 @@ static void swiglu(float *out, const float *gate, const float *up, int n) {
 
 const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
-    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .a8_prep_any = 1,
+    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .mxi8_fake_quant = mxi8_fake_quant, .swiglu = swiglu, .a8_prep_any = 1,
     .a8_prep = q3_avx2_mx_prep, .gemv_a8 = q3_avx2_gemv_mx, .bc_pack_act = q3_avx2_bc_pack_act,
     .gemm_bc = q3_avx2_gemm_bc, .bc_mx = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
     .bc_min_t = 13, .mx_gemv_t = 8, /* kernel_bench: the crossovers at 8192x2048 */

@@ -67,6 +67,7 @@ void q3_add_rmsnorm_mx(float *x, const float *delta, const float *w, float *out,
 int q3_act_mx(q3_dtype act, const float *x, size_t n, float *y) {
     const q3_isa_kernels *k = q3_isa_current();
     if (act == Q3_MXFP8 && k->mx8_fake_quant) return k->mx8_fake_quant(x, n, y);
+    if (act == Q3_MXINT8 && k->mxi8_fake_quant) return k->mxi8_fake_quant(x, n, y);
     return q3_mx_fake_quant_row(act, x, n, y);
 }
 

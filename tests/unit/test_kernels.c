@@ -447,41 +447,49 @@ static void test_add_rmsnorm_mx8(void) {
     CHECK(ok);
 }
 
-/* The activation helpers of every ISA: MXFP8 fake quantization bit for
- * bit against quant/mx.c (blocks of every scale range: tiny ones below the
- * fast path's range, huge ones above it, zeros, subnormals, values at the
- * rounding ties of E4M3 and at its top), and NaN/Inf rejected without a
- * write; swiglu against double precision, large and tiny gates included. */
+/* The activation helpers of every ISA: MXFP8 and MXINT8 fake quantization
+ * bit for bit against quant/mx.c (blocks of every scale range: tiny ones
+ * below the fast path's range, huge ones above it, zeros, subnormals,
+ * values at the rounding ties of the element format and at its top,
+ * negatives rounding to zero), and NaN/Inf rejected without a write;
+ * swiglu against double precision, large and tiny gates included. */
 static void test_activation_helpers(void) {
     enum { N = 32 * 40 };
-    static float x[N], want[N], got[N];
+    static float x[2][N], want[2][N], got[N];
+    const q3_dtype acts[2] = {Q3_MXFP8, Q3_MXINT8};
     const float scales[] = {1.0f, 1e-35f, 3e37f, 0.0f, 1e-40f, 448.0f, 1e-3f, 7.5e30f};
-    for (int b = 0; b < N / 32; b++)
-        for (int i = 0; i < 32; i++) {
-            float v = frand() * scales[b % 8];
-            if (b % 5 == 2) v = (float)((int)(frand() * 64)) * 0.0625f + 0.03125f; /* halfway between E4M3 codes */
-            if (b % 7 == 3 && i == 5) v = 464.0f;                                   /* rounds up past 448: clamped */
-            x[b * 32 + i] = v;
-        }
-    CHECK(q3_mx_fake_quant_row(Q3_MXFP8, x, N, want) == 0);
+    for (int a = 0; a < 2; a++) {
+        for (int b = 0; b < N / 32; b++)
+            for (int i = 0; i < 32; i++) {
+                float v = frand() * scales[b % 8];
+                if (b % 5 == 2) /* halfway between E4M3 codes / int8 codes (block max 1.x) */
+                    v = a ? ((float)((int)(frand() * 64)) + 0.5f) / 64 : (float)((int)(frand() * 64)) * 0.0625f + 0.03125f;
+                if (b % 7 == 3 && i == 5) v = a ? 127.5f / 64 : 464.0f; /* rounds up past the top: clamped */
+                if (b % 9 == 4 && i == 7) v = -1e-3f * scales[b % 8];   /* rounds to zero */
+                x[a][b * 32 + i] = v;
+            }
+        CHECK(q3_mx_fake_quant_row(acts[a], x[a], N, want[a]) == 0);
+    }
     for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
-        memset(got, 0, sizeof got);
-        CHECK(q3_act_mx(Q3_MXFP8, x, N, got) == 0);
-        CHECK(!memcmp(got, want, sizeof got));
-        memcpy(got, x, sizeof got);
-        CHECK(q3_act_mx(Q3_MXFP8, got, N, got) == 0); /* in place, as q3_act_quant runs it */
-        CHECK(!memcmp(got, want, sizeof got));
-        float bad[64];
-        memcpy(bad, x, sizeof bad);
-        bad[40] = NAN;
-        memset(got, 0, sizeof bad);
-        CHECK(q3_act_mx(Q3_MXFP8, bad, 64, got) == -1);
-        bad[40] = -INFINITY;
-        CHECK(q3_act_mx(Q3_MXFP8, bad, 64, got) == -1);
-        float zero[64] = {0};
-        CHECK(!memcmp(got, zero, sizeof zero));
+        for (int a = 0; a < 2; a++) {
+            memset(got, 0, sizeof got);
+            CHECK(q3_act_mx(acts[a], x[a], N, got) == 0);
+            CHECK(!memcmp(got, want[a], sizeof got));
+            memcpy(got, x[a], sizeof got);
+            CHECK(q3_act_mx(acts[a], got, N, got) == 0); /* in place, as q3_act_quant runs it */
+            CHECK(!memcmp(got, want[a], sizeof got));
+            float bad[64];
+            memcpy(bad, x[a], sizeof bad);
+            bad[40] = NAN;
+            memset(got, 0, sizeof bad);
+            CHECK(q3_act_mx(acts[a], bad, 64, got) == -1);
+            bad[40] = -INFINITY;
+            CHECK(q3_act_mx(acts[a], bad, 64, got) == -1);
+            float zero[64] = {0};
+            CHECK(!memcmp(got, zero, sizeof zero));
+        }
         enum { S = 203 };
         float g[S], u[S], s[S];
         for (int i = 0; i < S; i++) g[i] = frand() * (i % 4 == 0 ? 120.0f : i % 4 == 1 ? 1e-6f : 8.0f), u[i] = frand() * 3;
