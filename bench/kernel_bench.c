@@ -4,7 +4,8 @@
  * (A8i) inputs) and a GEMM of
  * `tokens` (default 32, at most 48) per ISA:
  *   build/kernel_bench mx [rows cols reps tokens]
- * Decode MoE passes (8 of E MXFP4 A8 experts per token, gate+up then down):
+ * Decode MoE passes (8 of E MXFP4 experts per token, gate+up then down;
+ * MXFP8 then MXINT8 inputs):
  *   build/kernel_bench moe [experts hidden ffn tokens]
  * Prefill MoE passes of a P-token prompt (8 of E BF16 experts per token):
  *   build/kernel_bench moe-prefill [experts hidden ffn P reps]
@@ -132,13 +133,17 @@ static int moe_bench(int E, int H, int F, int tokens) {
         }
         mats[i] = (q3_mat){.data = el, .dtype = dt, .rows = R, .cols = K, .scales = sc, .a8 = 1};
     }
-    for (int k = 0; k < H; k++) x[k] = (float)((k * 40503u) % 1000) / 500.0f - 1.0f;
-    if (q3_mx_fake_quant_row(Q3_MXFP8, x, (size_t)H, x)) return 1;
-    for (int k = 0; k < 8 * F; k++) h[k] = (float)((k * 40503u) % 1000) / 5000.0f - 0.1f;
-    if (q3_mx_fake_quant_row(Q3_MXFP8, h, (size_t)8 * F, h)) return 1;
     const double w13_bytes = 8.0 * 2 * F * (q3_mx_elem_bytes(dt, (size_t)H) + H / 32);
     const double down_bytes = 8.0 * H * (q3_mx_elem_bytes(dt, (size_t)F) + F / 32);
-    for (int isa = Q3_ISA_SCALAR + 1; isa < Q3_ISA_COUNT; isa++) {
+    for (int run = 0; run < 2 * Q3_ISA_COUNT; run++) { /* every ISA with MXFP8 (A8), then MXINT8 (A8i) inputs */
+        const int isa = run % Q3_ISA_COUNT, i8 = run >= Q3_ISA_COUNT;
+        if (isa == Q3_ISA_SCALAR) continue;
+        const q3_dtype act = i8 ? Q3_MXINT8 : Q3_MXFP8;
+        for (int i = 0; i < 3 * E; i++) mats[i].ai8 = i8;
+        for (int k = 0; k < H; k++) x[k] = (float)((k * 40503u) % 1000) / 500.0f - 1.0f;
+        if (q3_mx_fake_quant_row(act, x, (size_t)H, x)) return 1;
+        for (int k = 0; k < 8 * F; k++) h[k] = (float)((k * 40503u) % 1000) / 5000.0f - 0.1f;
+        if (q3_mx_fake_quant_row(act, h, (size_t)8 * F, h)) return 1;
         q3_kernels_force((q3_isa)isa);
         const char *only = getenv("Q3MOE_ISA");
         if ((int)q3_kernels_isa() != isa || (only && strcmp(only, q3_isa_name((q3_isa)isa)))) continue;
@@ -162,9 +167,9 @@ static int moe_bench(int E, int H, int F, int tokens) {
             if (t >= 4) t13 += t1 - t0, tdn += t2 - t1; /* the first tokens warm up */
         }
         const int n = tokens - 4;
-        printf("%-10s MoE decode, 8 of %d experts, H %d F %d, MXFP4 A8: gate+up pass %.1f us (%.1f GB/s), down pass %.1f us "
+        printf("%-10s MoE decode, 8 of %d experts, H %d F %d, MXFP4 %s: gate+up pass %.1f us (%.1f GB/s), down pass %.1f us "
                "(%.1f GB/s)  (threads %d)\n",
-               q3_isa_name(q3_kernels_isa()), E, H, F, t13 / n * 1e6, w13_bytes * n / t13 / 1e9, tdn / n * 1e6,
+               q3_isa_name(q3_kernels_isa()), E, H, F, i8 ? "A8i" : "A8", t13 / n * 1e6, w13_bytes * n / t13 / 1e9, tdn / n * 1e6,
                down_bytes * n / tdn / 1e9, omp_get_max_threads());
     }
     return 0;
