@@ -81,6 +81,9 @@ CASES = {
     "combined_yaml": ("kv2_mixed", 4, {"yaml": {"attn_tp_size": 2, "moe_ep_size": 2, "moe_tp_size": 2,
                                                 "lmhead_tp_size": 4}}, True),
     "mx_q3m": ("kv2_mixed.q3m", 2, ["--attn-tp", "2", "--moe-tp", "2"], False),
+    # W4A8i (MXINT8 attention and inputs, the integer GEMV): MXINT8 column slices, EP over AlltoAll
+    "mxi_q3m": ("kv2_mixed.w4a8i.q3m", 2, ["--attn-tp", "2", "--moe-tp", "2"], False),
+    "mxi_q3m_ep2_alltoall": ("kv2_mixed.w4a8i.q3m", 2, ["--attn-tp", "2", "--moe-ep", "2", "--moe-ep-comm", "alltoall"], True),
     # EP over AlltoAll (dispatch / combine alltoallv, then an allgather of the token shares)
     "moe_ep2_alltoall": ("moe", 2, ["--moe-ep", "2", "--moe-ep-comm", "alltoall"], True),
     "moe_ep4_alltoall": ("kv2_mixed", 4, ["--moe-ep", "4", "--moe-ep-comm", "alltoall", "--lmhead-tp", "2"], False),
@@ -130,6 +133,9 @@ def models(tmp_path_factory):
     q = root / "kv2_mixed.q3m"
     run([Q3MOE, "convert", "-m", paths["kv2_mixed"], "-o", q])   # W4A8: MX column slices on each rank
     paths["kv2_mixed.q3m"] = q
+    qi = root / "kv2_mixed.w4a8i.q3m"
+    run([Q3MOE, "convert", "-m", paths["kv2_mixed"], "-o", qi, "--quant", "w4a8i", "--head", "mxint8"])
+    paths["kv2_mixed.w4a8i.q3m"] = qi
     return root, paths
 
 
@@ -236,7 +242,7 @@ def test_logits_match_single_rank(case, models, tmp_path):
         assert delta <= tol, f"{label}: max|delta| {delta:.3g} > {tol:.3g}"
         assert err.count("parallel plan:") == 1, f"{label}: the plan must be printed once (rank 0):\n{err[-3000:]}"
         if prefill == len(IDS) - 1:
-            cfg = config_of(model) or config_of(paths[model_name.replace(".q3m", "")])
+            cfg = config_of(model) or config_of(paths[model_name.split(".")[0]])
             sizes = resolved_sizes(err)
             assert sizes[4] == ("alltoall" in case), f"{label}: EP exchange in the plan: {sizes}"
             want = expected_decode_bytes(cfg, np_, sizes)
