@@ -76,10 +76,15 @@ static float quant_block(const float *x, int8_t q[32]) {
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     const int e = q3_mx_shared_exp(Q3_MXINT8, _mm_cvtss_f32(m));
-    const __m256 inv = _mm256_set1_ps(ldexpf(1.0f, 6 - e)), top = _mm256_set1_ps(127.0f);
+    /* x * 2^(6 - e) as two exact power-of-two scalings: 2^(6 - e) itself
+     * overflows fp32 for the smallest shared exponents (e < -121). */
+    const int s1 = 6 - e < 127 ? 6 - e : 127;
+    const __m256 inv1 = _mm256_set1_ps(ldexpf(1.0f, s1)), inv2 = _mm256_set1_ps(ldexpf(1.0f, 6 - e - s1));
+    const __m256 top = _mm256_set1_ps(127.0f);
     __m256i w[4];
     for (int i = 0; i < 4; i++) {
-        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 scaled = _mm256_mul_ps(_mm256_mul_ps(v[i], inv1), inv2);
+        __m256 r = _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         r = _mm256_min_ps(_mm256_max_ps(r, _mm256_sub_ps(_mm256_setzero_ps(), top)), top);
         w[i] = _mm256_cvtps_epi32(r);
     }

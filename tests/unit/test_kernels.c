@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "kernels/isa.h"
 #include "kernels/kernels.h"
 #include "quant/mx.h"
 #include "unit.h"
@@ -148,6 +149,10 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
     }
     for (int i = 0; i < T * K; i++)
         x[i] = extremes == 2 ? (i % 3 ? -127.0f / 64 : 127.0f / 64) : frand() * (i % 97 == 0 ? 300.0f : 1.0f);
+    /* Input blocks of zeros and of fp32-subnormal size (the smallest shared
+     * exponents), as well as ordinary ones. */
+    for (int b = 0; extremes == 1 && b < T * K / 32; b++)
+        for (int i = 0; i < 32; i++) x[b * 32 + i] *= b % 6 == 1 ? 0.0f : b % 6 == 4 ? 1e-39f : 1.0f;
     for (int t = 0; act != Q3_F32 && t < T; t++)
         CHECK(q3_mx_fake_quant_row(act, x + (size_t)t * K, (size_t)K, x + (size_t)t * K) == 0);
     q3_mat W = {.data = el, .dtype = dt, .rows = M, .cols = K, .scales = sc, .a8 = act != Q3_F32, .ai8 = act == Q3_MXINT8};
@@ -165,6 +170,29 @@ static void check_mx(q3_dtype dt, int T, int M, int K) {
     check_mx_a8(dt, T, M, K, Q3_F32, 1);
     check_mx_a8(dt, T, M, K, Q3_MXFP8, 1);
     check_mx_a8(dt, T, M, K, Q3_MXINT8, 1);
+}
+
+/* The integer GEMV's input copy (MXINT8 weights: the codes in stored
+ * order, then one factor 2^(shared - 6) per block) against quant/mx.c,
+ * over blocks of every size: zeros, fp32 subnormals (the smallest shared
+ * exponents, where 2^(6 - shared) overflows fp32), huge ones, and values
+ * that are not MXINT8 yet (the copy quantizes them by the same rule). */
+static void test_i8_prep(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2")) return;
+    enum { K = 32 * 12 };
+    const float mags[12] = {1.0f, 0.0f, 1e-39f, 3e-38f, 1e-30f, 7e37f, 1e-3f, 448.0f, 0.0f, 1e-45f, 2.0f, 5e-39f};
+    float x[K];
+    uint8_t sc[K / 32], el[K], xq[K + K / 32 * 4] __attribute__((aligned(64)));
+    for (int i = 0; i < K; i++) x[i] = frand() * mags[i / 32];
+    CHECK(q3_mx_quantize_row(Q3_MXINT8, x, K, sc, el) == 0);
+    q3_avx2_i8_prep(xq, x, K, Q3_MXINT8);
+    CHECK(!memcmp(xq, el, K));
+    float fs[K / 32];
+    memcpy(fs, xq + K, sizeof fs);
+    int bad = 0;
+    for (int b = 0; b < K / 32; b++) bad += fs[b] != ldexpf(1.0f, sc[b] - 127 - 6);
+    CHECK_EQ_INT(bad, 0);
 }
 
 static void test_mx_matmul(void) {
@@ -511,6 +539,7 @@ int main(void) {
     test_bf16_rounding();
     test_matmul();
     test_strided();
+    test_i8_prep();
     test_mx_matmul();
     test_attention();
     test_attention_decode();
