@@ -60,7 +60,7 @@ static float *fs_of(void *xq, int K, q3_dtype wt) {
  * factor 2^(shared - 6), or NaN (codes 0) when the block is not finite.
  * Scaling by a power of two is exact, and so are the rounding and the
  * clamp, so this equals q3_mx_quantize_row(Q3_MXINT8) code for code. */
-static float quant_block(const float *x, int8_t q[32]) {
+float q3_avx2_i8_quant_block(const float *x, int8_t q[32]) {
     __m256 v[4], amax = _mm256_setzero_ps(), bad = amax;
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int i = 0; i < 4; i++) {
@@ -99,13 +99,13 @@ void q3_avx2_i8_prep(void *xq, const float *x, int K, q3_dtype wt) {
     float *fs = fs_of(xq, K, wt);
     int8_t *a = xq, q[2][32];
     if (wt != Q3_MXFP4) {
-        for (int b = 0; b < K / 32; b++) fs[b] = quant_block(x + (size_t)b * 32, (int8_t *)a + (size_t)b * 32);
+        for (int b = 0; b < K / 32; b++) fs[b] = q3_avx2_i8_quant_block(x + (size_t)b * 32, (int8_t *)a + (size_t)b * 32);
         return;
     }
     uint8_t *ua = xq, *sx = ua + K;
     for (int k = 0; k < K; k += 64) {
         for (int h = 0; h < 2; h++) {
-            const float f = quant_block(x + k + 32 * h, q[h]);
+            const float f = q3_avx2_i8_quant_block(x + k + 32 * h, q[h]);
             for (int i = 0; i < 4; i++) fs[k / 8 + 4 * h + i] = f;
         }
         const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);

@@ -115,6 +115,15 @@ typedef struct {
      * that copy, each block an exact integer sum scaled once. */
     void (*i8_prep)(void *xq, const float *x, int K, q3_dtype wt);
     void (*gemv_i8)(float *out, const void *xq, const q3_mat *W, int r0, int r1);
+    /* Integer GEMM for MXINT8 inputs against MXFP4 weights, up to
+     * Q3_BC_TOKENS_MAX tokens (cols % 64 == 0, <= Q3_LANE_KMAX; NULL: not
+     * available): i8_pack_act writes the T input rows quantized to MXINT8
+     * as ap (K * TP bytes, TP = T rounded up to 8) and fs (K/32 * TP block
+     * factors); gemm_i8 computes out[t][r], r in [r0, r1), t < T (wbuf:
+     * Q3_NR * (K + K/4) bytes of scratch). */
+    void (*i8_pack_act)(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K);
+    void (*gemm_i8)(float *out, size_t ldo, const uint32_t *ap, const float *fs, int T, const q3_mat *W, int r0, int r1,
+                    void *wbuf);
     /* The same product for BF16 weights (even row stride) by bf16 dot
      * products, each input split into two bf16 parts (NULL: not available):
      * bf16_pack_act writes at most K * TP words (TP = T rounded up to 16):
@@ -151,6 +160,13 @@ void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3
 void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
 /* gemv_i8_avx2.c */
 void q3_avx2_i8_prep(void *xq, const float *x, int K, q3_dtype wt);
+/* 32 inputs as MXINT8 codes; returns the block factor 2^(shared - 6), NaN
+ * (codes 0) for a non-finite block. */
+float q3_avx2_i8_quant_block(const float *x, int8_t q[32]);
+/* gemm_i8_avx2.c */
+void q3_avx2_i8_pack_act(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K);
+void q3_avx2_gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs, int T, const q3_mat *W, int r0, int r1,
+                     void *wbuf);
 void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
 /* gemv_mx_avx2.c */
 void q3_avx2_mx_prep(void *xb, const float *x, int K, q3_dtype wt);

@@ -209,6 +209,28 @@ static void run_gemm_bf16(const q3_mm_job *jb, int r0, int nr) {
     g_k->gemm_bf16(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr);
 }
 
+/* The integer GEMM: MXINT8 inputs against MXFP4 weights (the W4A8i
+ * experts), more tokens than the per-token GEMVs take. */
+static int gemm_i8_ok(const q3_mm_job *jb) {
+    const q3_mat *W = jb->W;
+    return g_k->gemm_i8 && W->ai8 && W->dtype == Q3_MXFP4 && W->cs <= 1 && W->cols % 64 == 0 &&
+           W->cols <= Q3_LANE_KMAX && jb->T > 1 && jb->T <= Q3_BC_TOKENS_MAX;
+}
+
+static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
+    static _Thread_local uint32_t *ap;
+    static _Thread_local float *fs;
+    static _Thread_local void *wbuf;
+    static _Thread_local act_key have;
+    if (!ap) {
+        ap = q3_malloc((size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX);
+        fs = q3_malloc((size_t)Q3_BC_TOKENS_MAX * (Q3_LANE_KMAX / 32) * sizeof *fs);
+        wbuf = q3_malloc((size_t)Q3_NR * (Q3_LANE_KMAX + Q3_LANE_KMAX / 4));
+    }
+    if (act_stale(&have, jb)) g_k->i8_pack_act(ap, fs, jb->x, jb->ldx, jb->T, jb->W->cols);
+    g_k->gemm_i8(jb->out + r0, jb->ldo, ap, fs, jb->T, jb->W, r0, r0 + nr, wbuf);
+}
+
 static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local float *ap, *wbuf;
     static _Thread_local act_key have;
@@ -240,6 +262,10 @@ static void run_panel(const q3_mm_job *jb, int r0) {
     }
     if (jb->T <= g_k->mx_gemv_t && jb->T <= MX_GEMV_TOKENS && (gemv_i8_ok(W) || gemv_mx_ok(W))) {
         run_gemv_mx_tokens(jb, r0, nr, gemv_i8_ok(W));
+        return;
+    }
+    if (gemm_i8_ok(jb)) {
+        run_gemm_i8(jb, r0, nr);
         return;
     }
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
