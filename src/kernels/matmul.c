@@ -210,11 +210,15 @@ static void run_gemm_bf16(const q3_mm_job *jb, int r0, int nr) {
 }
 
 /* The integer GEMM: MXINT8 inputs against MXFP4 weights (the W4A8i
- * experts), more tokens than the per-token GEMVs take. */
+ * experts) from I8_GEMM_MIN_T tokens on; fewer take one integer GEMV per
+ * token (kernel_bench mx 1536 2048, AVX2: the GEMM 110-122 against 76-93
+ * GFLOP/s at 7-8 tokens, even at 6, slower below). */
+enum { I8_GEMM_MIN_T = 7 };
+
 static int gemm_i8_ok(const q3_mm_job *jb) {
     const q3_mat *W = jb->W;
     return g_k->gemm_i8 && W->ai8 && W->dtype == Q3_MXFP4 && W->cs <= 1 && W->cols % 64 == 0 &&
-           W->cols <= Q3_LANE_KMAX && jb->T > 1 && jb->T <= Q3_BC_TOKENS_MAX;
+           W->cols <= Q3_LANE_KMAX && jb->T >= I8_GEMM_MIN_T && jb->T <= Q3_BC_TOKENS_MAX;
 }
 
 static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
@@ -260,12 +264,12 @@ static void run_panel(const q3_mm_job *jb, int r0) {
         run_gemm_bf16(jb, r0, nr);
         return;
     }
-    if (jb->T <= g_k->mx_gemv_t && jb->T <= MX_GEMV_TOKENS && (gemv_i8_ok(W) || gemv_mx_ok(W))) {
-        run_gemv_mx_tokens(jb, r0, nr, gemv_i8_ok(W));
-        return;
-    }
     if (gemm_i8_ok(jb)) {
         run_gemm_i8(jb, r0, nr);
+        return;
+    }
+    if (jb->T <= g_k->mx_gemv_t && jb->T <= MX_GEMV_TOKENS && (gemv_i8_ok(W) || gemv_mx_ok(W))) {
+        run_gemv_mx_tokens(jb, r0, nr, gemv_i8_ok(W));
         return;
     }
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
