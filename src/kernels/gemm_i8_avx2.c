@@ -1,5 +1,5 @@
 /* AVX2 integer GEMM for MXINT8 inputs against MXFP4 weights: the prefill
- * kernel of the W4A8i experts (9 .. Q3_BC_TOKENS_MAX tokens each).
+ * kernel of the W4A8i experts (7 .. Q3_BC_TOKENS_MAX tokens each).
  *
  * Why: this Zen 3 core issues one integer multiply per cycle but each
  * VPMADDUBSW does 32 multiply-adds, against 16 for the two fp32 FMAs per
