@@ -54,8 +54,7 @@ static void decode_row(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float 
     const int K = W->cols, nb = K / 32;
     const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (size_t)(K / 2), *sc = W->scales + (size_t)r * nb;
     const float *tab = q3_mx_scale_table(Q3_MXFP4);
-    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8,
-                                         12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int b = 0; b < nb; b += 2) { /* 32 bytes: blocks b and b+1 */
         const __m256i x = _mm256_loadu_si256((const __m256i *)(el + (size_t)b * 16));

@@ -97,9 +97,10 @@ float q3_avx2_i8_quant_block(const float *x, int8_t q[32]) {
 
 void q3_avx2_i8_prep(void *xq, const float *x, int K, q3_dtype wt) {
     float *fs = fs_of(xq, K, wt);
-    int8_t *a = xq, q[2][32];
+    int8_t q[2][32];
     if (wt != Q3_MXFP4) {
-        for (int b = 0; b < K / 32; b++) fs[b] = q3_avx2_i8_quant_block(x + (size_t)b * 32, (int8_t *)a + (size_t)b * 32);
+        int8_t *a = xq;
+        for (int b = 0; b < K / 32; b++) fs[b] = q3_avx2_i8_quant_block(x + (size_t)b * 32, a + (size_t)b * 32);
         return;
     }
     uint8_t *ua = xq, *sx = ua + K;
@@ -174,8 +175,7 @@ INLINE __m256 step_fp4(__m256 acc, const uint8_t *el, const uint8_t *sc, int b, 
  * overlap), no branch inside. */
 INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const uint8_t *ua, const uint8_t *sx, const float *fs,
                      const float *wtab, size_t pf) {
-    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8,
-                                         12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     int b = 0;
     for (; b + 4 <= nb; b += 4) {

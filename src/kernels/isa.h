@@ -160,6 +160,7 @@ void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3
 void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
 /* gemv_i8_avx2.c */
 void q3_avx2_i8_prep(void *xq, const float *x, int K, q3_dtype wt);
+void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
 /* 32 inputs as MXINT8 codes; returns the block factor 2^(shared - 6), NaN
  * (codes 0) for a non-finite block. */
 float q3_avx2_i8_quant_block(const float *x, int8_t q[32]);
@@ -167,7 +168,6 @@ float q3_avx2_i8_quant_block(const float *x, int8_t q[32]);
 void q3_avx2_i8_pack_act(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K);
 void q3_avx2_gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs, int T, const q3_mat *W, int r0, int r1,
                      void *wbuf);
-void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
 /* gemv_mx_avx2.c */
 void q3_avx2_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
 void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);

@@ -93,7 +93,7 @@ INLINE __m256 e4m3x8(const uint8_t *p) {
 
 /* 32 E2M1 codes (16 bytes, element 2i in the low nibble) -> 2 * value as int8. */
 INLINE void e2m1x32(const uint8_t *p, __m256 out[4]) {
-    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i lut = _mm_loadu_si128((const __m128i *)q3_e2m1_x2);
     const __m128i m4 = _mm_set1_epi8(0x0f);
     __m128i b = _mm_loadu_si128((const __m128i *)p);
     __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m4));

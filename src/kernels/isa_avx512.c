@@ -61,8 +61,7 @@ INLINE __m512 e4m3x16(const uint8_t *p) {
 /* 64 E2M1 codes (32 bytes, element 2i in the low nibble) -> 2 * value,
  * as four vectors of 16 in element order. */
 INLINE void e2m1x64(const uint8_t *p, __m512 out[4]) {
-    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8,
-                                         12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i b = _mm256_loadu_si256((const __m256i *)p);
     const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(b, m4));

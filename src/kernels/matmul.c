@@ -89,7 +89,8 @@ void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
     }
 }
 
-/* Longest A8 input the bf16 GEMV takes (larger ones use the fp32 kernels). */
+/* Longest input the GEMVs on a prepared copy take (longer ones use the
+ * plain fp32 GEMV). */
 enum { A8_KMAX = 32768 };
 
 /* The float MX kernels (gemv_a8, gemm_a8): MXFP8 / MXFP4 weights. */
@@ -103,6 +104,18 @@ static int gemv_i8_ok(const q3_mat *W) {
            W->cols <= A8_KMAX;
 }
 
+/* The prepared input copy and the GEMV on it: the integer kernels' (i8)
+ * or the float MX ones'. */
+static void prep_input(int i8, void *xc, const float *x, const q3_mat *W) {
+    if (i8) g_k->i8_prep(xc, x, W->cols, W->dtype);
+    else g_k->a8_prep(xc, x, W->cols, W->dtype);
+}
+
+static void gemv_prepared(int i8, float *out, const void *xc, const q3_mat *W, int r0, int nr) {
+    if (i8) g_k->gemv_i8(out, xc, W, r0, r0 + nr);
+    else g_k->gemv_a8(out, xc, W, r0, r0 + nr);
+}
+
 /* MX GEMV on a prepared input: for gemv_a8 a bf16 or reordered fp32 copy,
  * for gemv_i8 (i8) the MXINT8 one; made once per thread and pass, keyed by
  * the weights' dtype and the kernel too (the copy's layout depends on them). */
@@ -114,12 +127,10 @@ static void run_gemv_prepared(const q3_mm_job *jb, int r0, int nr, int i8) {
     static _Thread_local int have_i8;
     const q3_mat *W = jb->W;
     if (have_x != jb->x || have_pass != g_pass || have_dt != W->dtype || have_i8 != i8) {
-        if (i8) g_k->i8_prep(xb, jb->x, W->cols, W->dtype);
-        else g_k->a8_prep(xb, jb->x, W->cols, W->dtype);
+        prep_input(i8, xb, jb->x, W);
         have_x = jb->x, have_pass = g_pass, have_dt = W->dtype, have_i8 = i8;
     }
-    if (i8) g_k->gemv_i8(jb->out + r0, xb, W, r0, r0 + nr);
-    else g_k->gemv_a8(jb->out + r0, xb, W, r0, r0 + nr);
+    gemv_prepared(i8, jb->out + r0, xb, W, r0, nr);
 }
 
 static int a8_shape_ok(const q3_mat *W, int kmax) { return W->a8 && mx_shape_ok(W, kmax); }
@@ -175,17 +186,8 @@ static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, int i8) {
     const q3_mat *W = jb->W;
     if (!xt) xt = q3_malloc((size_t)MX_GEMV_TOKENS * A8_KMAX * sizeof *xt);
     if (act_stale(&have, jb))
-        for (int t = 0; t < jb->T; t++) {
-            float *xc = xt + (size_t)t * W->cols;
-            const float *x = jb->x + (size_t)t * jb->ldx;
-            if (i8) g_k->i8_prep(xc, x, W->cols, W->dtype);
-            else g_k->a8_prep(xc, x, W->cols, W->dtype);
-        }
-    for (int t = 0; t < jb->T; t++) {
-        float *o = jb->out + (size_t)t * jb->ldo + r0;
-        if (i8) g_k->gemv_i8(o, xt + (size_t)t * W->cols, W, r0, r0 + nr);
-        else g_k->gemv_a8(o, xt + (size_t)t * W->cols, W, r0, r0 + nr);
-    }
+        for (int t = 0; t < jb->T; t++) prep_input(i8, xt + (size_t)t * W->cols, jb->x + (size_t)t * jb->ldx, W);
+    for (int t = 0; t < jb->T; t++) gemv_prepared(i8, jb->out + (size_t)t * jb->ldo + r0, xt + (size_t)t * W->cols, W, r0, nr);
 }
 
 static int bc_shape_ok(const q3_mat *W) {

@@ -155,11 +155,12 @@ void q3_state_free(q3_state *s) {
 
 void q3_state_reset(q3_state *s) { s->pos = 0; }
 
+/* The format an A8 linear's input is quantized to. */
+static q3_dtype act_of(const q3_mat *W) { return W->ai8 ? Q3_MXINT8 : Q3_MXFP8; }
+
 /* A8: the input rows of an MX linear are quantized to MXFP8 or MXINT8 in
  * place (the dequantized values, so the fp32 kernels then compute exactly
  * the MXFP8/MXINT8 x MX products). A row holding NaN/Inf is left as it is. */
-static q3_dtype act_of(const q3_mat *W) { return W->ai8 ? Q3_MXINT8 : Q3_MXFP8; }
-
 void q3_act_quant(const q3_model *m, const q3_mat *W, float *x, int rows, size_t ld) {
     (void)m;
     if (!W->a8) return;

@@ -24,6 +24,8 @@ const float q3_e4m3_lut[256] = {Q3_E4M3_HALF(+), Q3_E4M3_HALF(-)};
 const float q3_e2m1_lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
+const int8_t q3_e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
 /* a (finite, >= 0) rounded to the nearest integer, ties to even. Written out
  * rather than rintf() so the result does not depend on the rounding mode. */
 static unsigned round_half_even(float a) {

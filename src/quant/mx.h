@@ -49,6 +49,9 @@ typedef q3_dtype q3_mx_type;
  * codes (0x7F, 0xFF) are NaN. */
 extern const float q3_e4m3_lut[256];
 extern const float q3_e2m1_lut[16];
+/* Twice the E2M1 values by code, as int8 (exact: at most 2 significant
+ * bits): the byte lookup table of the SIMD MXFP4 decoders. */
+extern const int8_t q3_e2m1_x2[16];
 
 /* Round to nearest, ties to even; finite values beyond the range and
  * infinities saturate to +-448. NaN gives a NaN code (0x7F, sign kept). */
