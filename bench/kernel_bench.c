@@ -11,8 +11,9 @@
  *   build/kernel_bench moe-prefill [experts hidden ffn P reps]
  * Causal prefill attention of one layer, then decode steps at its end
  * (default: Qwen3-30B-A3B heads; Q3MOE_ISA=NAME runs only that ISA;
- * Q3_BENCH_DECODE_ONLY=1 skips the prefill):
- *   build/kernel_bench attn [positions heads kv_heads head_dim reps] */
+ * Q3_BENCH_DECODE_ONLY=1 skips the prefill; decode visits `layers` caches
+ * in turn, so that more than the last-level cache is streamed as in a model):
+ *   build/kernel_bench attn [positions heads kv_heads head_dim reps layers] */
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -240,16 +241,17 @@ static int moe_prefill_bench(int E, int H, int F, int P, int reps) {
 
 /* Causal prefill attention of one layer over P positions, fed in chunks of
  * 1024 tokens as q3_forward does, per ISA (scalar skipped: too slow). */
-static int attn_bench(int P, int H, int KVH, int D, int reps) {
+static int attn_bench(int P, int H, int KVH, int D, int reps, int layers) {
     enum { CHUNK = 1024 };
     const size_t kvs = (size_t)KVH * D, qs = (size_t)H * D;
-    float *k = malloc((size_t)P * kvs * 4), *v = malloc((size_t)P * kvs * 4);
+    const size_t per = (size_t)P * kvs; /* floats of one layer's K (or V) */
+    float *k = malloc((size_t)layers * per * 4), *v = malloc((size_t)layers * per * 4);
     float *q = malloc(CHUNK * qs * 4), *out = malloc(CHUNK * qs * 4);
     float *scratch = malloc(q3_attention_scratch(H, D, P) * sizeof(float));
     if (!k || !v || !q || !out || !scratch) return 1;
-    for (size_t i = 0; i < (size_t)P * kvs; i++) k[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f, v[i] = k[i] * 0.5f;
+    for (size_t i = 0; i < (size_t)layers * per; i++) k[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f, v[i] = k[i] * 0.5f;
     for (size_t i = 0; i < CHUNK * qs; i++) q[i] = (float)((i * 40503u) % 1000) / 500.0f - 1.0f;
-    const q3_attn_layer L = {H, KVH, D, kvs, k, v};
+    const q3_attn_layer L = {H, KVH, D, (size_t)D, (size_t)P * D, k, v}; /* the engine's layout: head by head */
     const double flops = 4.0 * D * H * ((double)P * (P + 1) / 2); /* QK^T and PV, causal */
     for (int isa = Q3_ISA_SCALAR + 1; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
@@ -269,12 +271,17 @@ static int attn_bench(int P, int H, int KVH, int D, int reps) {
         best = 1e30;
         for (int r = 0; r < reps; r++) {
             double t0 = omp_get_wtime();
-            for (int pos = P - 64; pos < P; pos++) q3_attention(out, q, 1, pos, &L, scratch);
+            for (int pos = P - 64; pos < P; pos++)
+                for (int l = 0; l < layers; l++) {
+                    const q3_attn_layer Ll = {H, KVH, D, (size_t)D, (size_t)P * D, k + (size_t)l * per, v + (size_t)l * per};
+                    q3_attention(out, q, 1, pos, &Ll, scratch);
+                }
             double t1 = omp_get_wtime();
             if (t1 - t0 < best) best = t1 - t0;
         }
-        printf("%-10s attention decode at position %d: %.1f us per layer and token, %.1f GB/s of K/V\n", q3_isa_name(q3_kernels_isa()),
-               P - 32, best / 64 * 1e6, 2.0 * (P - 32) * kvs * 4 / (best / 64) / 1e9);
+        best /= (double)layers;
+        printf("%-10s attention decode at position %d (%d layers): %.1f us per layer and token, %.1f GB/s of K/V\n",
+               q3_isa_name(q3_kernels_isa()), P - 32, layers, best / 64 * 1e6, 2.0 * (P - 32) * kvs * 4 / (best / 64) / 1e9);
     }
     free(k), free(v), free(q), free(out), free(scratch);
     return 0;
@@ -283,7 +290,7 @@ static int attn_bench(int P, int H, int KVH, int D, int reps) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "attn"))
         return attn_bench(argc > 2 ? atoi(argv[2]) : 4096, argc > 3 ? atoi(argv[3]) : 32, argc > 4 ? atoi(argv[4]) : 4,
-                          argc > 5 ? atoi(argv[5]) : 128, argc > 6 ? atoi(argv[6]) : 3);
+                          argc > 5 ? atoi(argv[5]) : 128, argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atoi(argv[7]) : 1);
     if (argc > 1 && !strcmp(argv[1], "moe-prefill"))
         return moe_prefill_bench(argc > 2 ? atoi(argv[2]) : 128, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 768,
                                  argc > 5 ? atoi(argv[5]) : 512, argc > 6 ? atoi(argv[6]) : 3);

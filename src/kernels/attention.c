@@ -18,7 +18,7 @@ static void fold_block(const q3_isa_kernels *K, const q3_attn_layer *L, const fl
     float s[Q3_ATT_BLOCK];
     float mx = st->m;
     for (int j = j0; j < j1; j++) {
-        s[j - j0] = K->dot(q, L->k + (size_t)j * L->kv_stride + (size_t)kvh * D, D) * scale;
+        s[j - j0] = K->dot(q, L->k + (size_t)j * L->kv_stride + (size_t)kvh * L->head_stride, D) * scale;
         if (s[j - j0] > mx) mx = s[j - j0];
     }
     float corr = expf(st->m - mx); /* st->m = -inf on the first block gives 0 */
@@ -27,7 +27,7 @@ static void fold_block(const q3_isa_kernels *K, const q3_attn_layer *L, const fl
     for (int j = j0; j < j1; j++) {
         float p = expf(s[j - j0] - mx);
         l += p;
-        K->axpy(o, p, L->v + (size_t)j * L->kv_stride + (size_t)kvh * D, D);
+        K->axpy(o, p, L->v + (size_t)j * L->kv_stride + (size_t)kvh * L->head_stride, D);
     }
     st->m = mx;
     st->l = l;
@@ -76,7 +76,7 @@ static void prefill_tile(const q3_isa_kernels *K, float *out, const float *q, in
     const int last = pos0 + t0 + nt - 1;
     for (int j0 = 0; j0 <= last; j0 += Q3_ATT_BLOCK) {
         const int nk = last + 1 - j0 < Q3_ATT_BLOCK ? last + 1 - j0 : Q3_ATT_BLOCK;
-        const size_t off = (size_t)j0 * L->kv_stride + (size_t)kvh * D;
+        const size_t off = (size_t)j0 * L->kv_stride + (size_t)kvh * L->head_stride;
         K->att_mm(s, L->k + off, L->kv_stride, 1, qt, R, nk, D, 0);
         /* The causal mask matters only where the block passes the tile's first position. */
         const int diag = j0 + nk - 1 > pos0 + t0;
@@ -106,45 +106,24 @@ static void prefill(const q3_isa_kernels *K, float *out, const float *q, int T, 
 }
 
 /* Decode attention with an att_decode kernel: the g query heads of KV head
- * kvh over key block b, in sub-blocks of DEC_SUB keys whose K and V rows
- * are copied out together and stay in L1 while every head of the group
- * reads them. In place they would not: in the cache a key's row of one KV
- * head is a slice of a longer row (all KV heads), and those slices, 2 KiB
- * apart for Qwen3-30B-A3B, fall into a quarter of L1's sets, so every head
- * refetched them from L2. Each head prefetches a share of the next
- * sub-block's rows: the copies otherwise wait on DRAM row by row. */
-enum { DEC_SUB = 32, DEC_DMAX = 256 };
-
+ * kvh over key block b, at most Q3_DEC_GROUP heads per call, so each K and
+ * V row is read once for all of them. */
 static void decode_group(const q3_isa_kernels *K, const float *q, const q3_attn_layer *L, int n, int kvh, int b, int nb,
                          float scale, float *scratch) {
-    static _Thread_local float kb[DEC_SUB * DEC_DMAX] __attribute__((aligned(64)));
-    static _Thread_local float vb[DEC_SUB * DEC_DMAX] __attribute__((aligned(64)));
     const int D = L->head_dim, g = L->n_heads / L->n_kv_heads;
     const size_t rec = (size_t)D + 2, stride = L->kv_stride;
     const int j0 = b * Q3_ATT_BLOCK, nk = n - j0 < Q3_ATT_BLOCK ? n - j0 : Q3_ATT_BLOCK;
-    const float *k = L->k + (size_t)j0 * stride + (size_t)kvh * D, *v = L->v + (size_t)j0 * stride + (size_t)kvh * D;
+    const size_t off = (size_t)j0 * stride + (size_t)kvh * L->head_stride;
+    const float *k = L->k + off, *v = L->v + off;
     float *st = scratch + ((size_t)kvh * g * nb + b) * rec; /* head kvh * g + h at st + h * nb * rec */
     for (int h = 0; h < g; h++) {
         float *r = st + (size_t)h * nb * rec;
         r[0] = -INFINITY, r[1] = 0;
         memset(r + 2, 0, (size_t)D * sizeof(float));
     }
-    const int per = (DEC_SUB + g - 1) / g;
-    for (int s0 = 0; s0 < nk; s0 += DEC_SUB) {
-        const int ns = nk - s0 < DEC_SUB ? nk - s0 : DEC_SUB;
-        for (int j = 0; j < ns; j++) {
-            memcpy(kb + (size_t)j * D, k + (size_t)(s0 + j) * stride, (size_t)D * sizeof(float));
-            memcpy(vb + (size_t)j * D, v + (size_t)(s0 + j) * stride, (size_t)D * sizeof(float));
-        }
-        for (int h = 0; h < g; h++) {
-            for (int j = s0 + DEC_SUB + h * per; j < s0 + DEC_SUB + (h + 1) * per && j < nk; j++)
-                for (int d = 0; d < D; d += 16) {
-                    __builtin_prefetch(k + (size_t)j * stride + d, 0, 2);
-                    __builtin_prefetch(v + (size_t)j * stride + d, 0, 2);
-                }
-            K->att_decode(q + ((size_t)kvh * g + h) * D, kb, vb, (size_t)D, ns, D, scale, st + (size_t)h * nb * rec);
-        }
-    }
+    for (int h0 = 0; h0 < g; h0 += Q3_DEC_GROUP)
+        K->att_decode(q + ((size_t)kvh * g + h0) * D, g - h0 < Q3_DEC_GROUP ? g - h0 : Q3_DEC_GROUP, k, v, stride, nk, D,
+                      scale, st + (size_t)h0 * nb * rec, (size_t)nb * rec);
 }
 
 static void decode(const q3_isa_kernels *K, float *out, const float *q, int pos, const q3_attn_layer *L, float *scratch) {
@@ -152,7 +131,7 @@ static void decode(const q3_isa_kernels *K, float *out, const float *q, int pos,
     const int nb = (n + Q3_ATT_BLOCK - 1) / Q3_ATT_BLOCK;
     const float scale = 1.0f / sqrtf((float)D);
     const size_t rec = (size_t)D + 2; /* per (head, block): m, l, o[D] */
-    if (K->att_decode && D % 16 == 0 && D <= DEC_DMAX) {
+    if (K->att_decode && D % 16 == 0 && D <= Q3_DEC_DMAX) {
         const int KVH = L->n_kv_heads;
 #pragma omp parallel for collapse(2) schedule(static) if (n > Q3_ATT_BLOCK)
         for (int kvh = 0; kvh < KVH; kvh++)

@@ -15,8 +15,9 @@ enum { Q3_ATT_BLOCK = 128, Q3_MAX_HEAD_DIM = 512 };
 
 typedef struct {
     int n_heads, n_kv_heads, head_dim;
-    size_t kv_stride;          /* floats between consecutive positions in the cache (kv_heads * head_dim) */
-    const float *k, *v;        /* this layer's cache, position 0 */
+    size_t kv_stride;          /* floats between consecutive positions of one KV head */
+    size_t head_stride;        /* floats between the KV heads' position-0 rows */
+    const float *k, *v;        /* this layer's cache, KV head 0 at position 0 */
 } q3_attn_layer;
 
 /* Floats of scratch q3_attention needs for a context of ctx tokens, with

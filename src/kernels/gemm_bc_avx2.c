@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/bcast_tile_avx2.h"
 #include "kernels/isa.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -42,43 +43,12 @@ void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3
     }
 }
 
-/* Rows w[0 .. R) (ws floats apart, R <= 8) against V (<= 3) token vectors
- * of ap (TP floats per k) over kc columns; acc[i][v] starts from and
- * returns to st (rows TMAX floats apart), or from zero when fresh. */
-INLINE void tile(float *st, const float *w, int ws, const float *ap, int TP, int kc, int R, int V, int fresh) {
-    __m256 acc[8][3];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++)
-#pragma GCC unroll 3
-        for (int v = 0; v < 3; v++)
-            if (i < R && v < V) acc[i][v] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(st + i * TMAX + 8 * v);
-    for (int k = 0; k < kc; k++) {
-        __m256 a[3];
-#pragma GCC unroll 3
-        for (int v = 0; v < 3; v++)
-            if (v < V) a[v] = _mm256_loadu_ps(ap + (size_t)k * TP + 8 * v);
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++)
-            if (i < R) {
-                const __m256 b = _mm256_broadcast_ss(w + i * ws + k);
-#pragma GCC unroll 3
-                for (int v = 0; v < 3; v++)
-                    if (v < V) acc[i][v] = _mm256_fmadd_ps(b, a[v], acc[i][v]);
-            }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++)
-#pragma GCC unroll 3
-        for (int v = 0; v < 3; v++)
-            if (i < R && v < V) _mm256_storeu_ps(st + i * TMAX + 8 * v, acc[i][v]);
-}
-
 /* Tiles of 6 rows x 2 token vectors: 12 accumulators, the two inputs and
  * a broadcast fill 15 of the 16 registers, and each k takes 8 loads for 12
  * FMAs. An odd count of vectors starts with 4 rows x 3 (7 loads for 12
  * FMAs; a lone vector 8 rows at a time took 9 for 8). Constant shapes, so
  * every accumulator is a register. */
-#define TILE(R, V) tile(st + r * TMAX + 8 * v0, wb + (size_t)r * ws, ws, ap + 8 * v0, TP, kc, R, V, fresh)
+#define TILE(R, V) q3_avx2_bcast_tile(st + r * TMAX + 8 * v0, TMAX, wb + (size_t)r * ws, ws, ap + 8 * v0, TP, kc, R, V, fresh)
 INLINE void rows_tiles(float *st, const float *wb, int ws, const float *ap, int TP, int kc, int nr, int v0, int V,
                        int fresh) {
     int r = 0;

@@ -18,6 +18,8 @@ enum { Q3_BC_TOKENS_MAX = 128 };
 /* Query rows of a prefill attention tile are a multiple of this (the widest
  * row chunk a variant's att_mm processes at once). */
 enum { Q3_ATT_ROWS = 64 };
+/* Most query heads and longest head one att_decode call takes. */
+enum { Q3_DEC_GROUP = 8, Q3_DEC_DMAX = 256 };
 
 typedef struct {
     int mr; /* token rows per micro tile */
@@ -50,13 +52,15 @@ typedef struct {
      * S = exp(s - m); l = l * corr + sum_j S; O[d][r] *= corr for d < D,
      * with corr = exp(m_old - m) (0 while m_old = -inf). */
     void (*att_softmax)(float *S, int nk, int R, float scale, const float *lim, float *m, float *l, float *O, int D);
-    /* Decode attention, one query head q[D] over nk (<= Q3_ATT_BLOCK) keys:
-     * key j at k + j * stride, value j at v + j * stride. Folds them into
-     * the head's running softmax state st: st[0] = m (max score), st[1] = l
-     * (normaliser), st + 2 = o[D] (unnormalised output), which start as
-     * -inf, 0, 0. D % 16 == 0, D <= 256; NULL: not available (attention.c
-     * then goes key by key with dot and axpy). */
-    void (*att_decode)(const float *q, const float *k, const float *v, size_t stride, int nk, int D, float scale, float *st);
+    /* Decode attention for the G (<= Q3_DEC_GROUP) query heads sharing one
+     * KV head, q[h * D ...], over nk (<= Q3_ATT_BLOCK) keys: key j at
+     * k + j * stride, value j at v + j * stride. Folds them into each
+     * head's running softmax state at st + h * sts: [0] = m (max score),
+     * [1] = l (normaliser), [2 ..] = o[D] (unnormalised output), which start
+     * as -inf, 0, 0. D % 16 == 0, D <= Q3_DEC_DMAX; NULL: not available
+     * (attention.c then goes key by key with dot and axpy). */
+    void (*att_decode)(const float *q, int G, const float *k, const float *v, size_t stride, int nk, int D, float scale,
+                       float *st, size_t sts);
     /* Element-wise activation helpers (NULL: the scalar code in ops.c and
      * quant/mx.c). mx8_fake_quant: q3_mx_fake_quant_row(Q3_MXFP8, ...) bit
      * for bit (n % 32 == 0; -1, writing nothing, when x holds NaN/Inf);

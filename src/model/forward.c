@@ -195,11 +195,13 @@ static void attention_heads(const q3_model *m, q3_state *s, int l, int pos0, int
             q3_rmsnorm(k, k, L->k_norm, D, c->rms_norm_eps);
             q3_rope(k, cs, sn, D);
         }
-        size_t slot = ((size_t)l * s->ctx + pos0 + t) * KVD;
-        memcpy(s->k_cache + slot, s->k + (size_t)t * KVD, (size_t)KVD * sizeof(float));
-        memcpy(s->v_cache + slot, s->v + (size_t)t * KVD, (size_t)KVD * sizeof(float));
+        for (int h = 0; h < NKV; h++) {
+            const size_t slot = (((size_t)l * NKV + h) * s->ctx + pos0 + t) * D;
+            memcpy(s->k_cache + slot, s->k + (size_t)t * KVD + (size_t)h * D, (size_t)D * sizeof(float));
+            memcpy(s->v_cache + slot, s->v + (size_t)t * KVD + (size_t)h * D, (size_t)D * sizeof(float));
+        }
     }
-    const q3_attn_layer al = {NQ, NKV, D, (size_t)KVD, s->k_cache + (size_t)l * s->ctx * KVD,
+    const q3_attn_layer al = {NQ, NKV, D, (size_t)D, (size_t)s->ctx * D, s->k_cache + (size_t)l * s->ctx * KVD,
                               s->v_cache + (size_t)l * s->ctx * KVD};
     q3_attention(s->att, s->q, T, pos0, &al, s->scores);
 }

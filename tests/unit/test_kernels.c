@@ -283,7 +283,8 @@ static void test_attention(void) {
     float *scratch = malloc(q3_attention_scratch(H, D, N) * sizeof(float));
     for (size_t i = 0; i < N * kvs; i++) k[i] = frand() * 3, v[i] = frand();
     for (size_t i = 0; i < (size_t)N * H * D; i++) q[i] = frand();
-    q3_attn_layer L = {H, KVH, D, kvs, k, v};
+    const size_t ps = D, hs = (size_t)N * D; /* the engine's layout: head by head */
+    q3_attn_layer L = {H, KVH, D, ps, hs, k, v};
     for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
@@ -299,14 +300,14 @@ static void test_attention(void) {
                 double sc[N], mx = -1e300, z = 0;
                 for (int j = 0; j <= t; j++) {
                     double d = 0;
-                    for (int i = 0; i < D; i++) d += (double)qv[i] * k[j * kvs + (h / 2) * D + i];
+                    for (int i = 0; i < D; i++) d += (double)qv[i] * k[j * ps + (h / 2) * hs + i];
                     sc[j] = d / sqrt(D);
                     mx = fmax(mx, sc[j]);
                 }
                 for (int j = 0; j <= t; j++) z += (sc[j] = exp(sc[j] - mx));
                 for (int i = 0; i < D; i++) {
                     double o = 0;
-                    for (int j = 0; j <= t; j++) o += sc[j] / z * v[j * kvs + (h / 2) * D + i];
+                    for (int j = 0; j <= t; j++) o += sc[j] / z * v[j * ps + (h / 2) * hs + i];
                     worst = fmax(worst, fabs(o - out[((size_t)t * H + h) * D + i]));
                 }
             }
@@ -319,9 +320,11 @@ static void test_attention(void) {
 
 /* Decode (one query; the keys split into blocks across threads, merged in
  * a fixed order) against double precision, every ISA: head dims that take
- * the per-key path (24) and the GQA block kernels (48, 64, 128), a block
- * that ends mid-vector, one key, and a long context. */
-static void check_decode(int H, int KVH, int D, int N) {
+ * the per-key path (24) and the GQA block kernels (16 to 256), a block
+ * that ends mid-vector, one key, and a long context; groups of 1 to 16
+ * heads (more than one att_decode call); both cache layouts (rows of all
+ * KV heads interleaved, or head by head as the engine keeps them). */
+static void check_decode(int H, int KVH, int D, int N, int head_major) {
     const size_t kvs = (size_t)KVH * D;
     float *k = malloc(N * kvs * sizeof(float)), *v = malloc(N * kvs * sizeof(float));
     float *q = malloc((size_t)H * D * sizeof(float)), *out = malloc((size_t)H * D * sizeof(float));
@@ -329,7 +332,8 @@ static void check_decode(int H, int KVH, int D, int N) {
     double *sc = malloc(N * sizeof(double));
     for (size_t i = 0; i < N * kvs; i++) k[i] = frand() * 3, v[i] = frand();
     for (size_t i = 0; i < (size_t)H * D; i++) q[i] = frand();
-    const q3_attn_layer L = {H, KVH, D, kvs, k, v};
+    const size_t ps = head_major ? (size_t)D : kvs, hs = head_major ? (size_t)N * D : (size_t)D;
+    const q3_attn_layer L = {H, KVH, D, ps, hs, k, v};
     const int g = H / KVH;
     for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
@@ -340,30 +344,32 @@ static void check_decode(int H, int KVH, int D, int N) {
             double mx = -1e300, z = 0;
             for (int j = 0; j < N; j++) {
                 double d = 0;
-                for (int i = 0; i < D; i++) d += (double)q[h * D + i] * k[j * kvs + (h / g) * D + i];
+                for (int i = 0; i < D; i++) d += (double)q[h * D + i] * k[j * ps + (h / g) * hs + i];
                 sc[j] = d / sqrt(D);
                 mx = fmax(mx, sc[j]);
             }
             for (int j = 0; j < N; j++) z += (sc[j] = exp(sc[j] - mx));
             for (int i = 0; i < D; i++) {
                 double o = 0;
-                for (int j = 0; j < N; j++) o += sc[j] / z * v[j * kvs + (h / g) * D + i];
+                for (int j = 0; j < N; j++) o += sc[j] / z * v[j * ps + (h / g) * hs + i];
                 worst = fmax(worst, fabs(o - out[h * D + i]));
             }
         }
-        CHECK(worst < 1e-5);
+        if (!CHECK(worst < 1e-5))
+            fprintf(stderr, "  decode H %d KVH %d D %d N %d head_major %d (%s): %.3g\n", H, KVH, D, N, head_major,
+                    q3_isa_name((q3_isa)isa), worst);
     }
     q3_kernels_force(Q3_ISA_COUNT - 1);
     free(k), free(v), free(q), free(out), free(scratch), free(sc);
 }
 
 static void test_attention_decode(void) {
-    check_decode(4, 2, 24, 1100);
-    check_decode(32, 4, 128, 1100);
-    check_decode(32, 4, 128, 1);
-    check_decode(32, 4, 128, 141);
-    check_decode(8, 1, 64, 300);
-    check_decode(6, 3, 48, 77);
+    static const int cases[][4] = {{4, 2, 24, 1100}, {32, 4, 128, 1100}, {32, 4, 128, 1}, {32, 4, 128, 141}, {8, 1, 64, 300},
+                                   {6, 3, 48, 77},     {64, 4, 128, 300},  {40, 8, 128, 133}, {8, 8, 128, 200}, {12, 2, 256, 130},
+                                   {12, 4, 16, 40}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int head_major = 0; head_major < 2; head_major++)
+            check_decode(cases[i][0], cases[i][1], cases[i][2], cases[i][3], head_major);
 }
 
 /* Prefill tiles across shapes: head_dim 24/48/64/128, GQA ratios 1, 2, 8,
@@ -387,8 +393,11 @@ static void test_attention_tiles(void) {
         double *sc = malloc(N * sizeof(double)), *o = malloc((size_t)D * sizeof(double));
         for (size_t i = 0; i < N * kvs; i++) k[i] = frand() * 3, v[i] = frand();
         for (size_t i = 0; i < N * qs; i++) q[i] = frand();
-        const q3_attn_layer L = {H, KVH, D, kvs, k, v};
-        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        for (int ci2 = 0; ci2 < 2 * (int)(sizeof cases / sizeof cases[0]); ci2++) {
+            const size_t ci = (size_t)ci2 / 2;
+            const int head_major = ci2 % 2; /* both cache layouts, as in check_decode */
+            const size_t ps = head_major ? (size_t)D : kvs, hs = head_major ? (size_t)N * D : (size_t)D;
+            const q3_attn_layer L = {H, KVH, D, ps, hs, k, v};
             const int T = cases[ci][0], pos0 = cases[ci][1];
             double worst_ref = 0, worst_scalar = 0;
             for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
@@ -399,25 +408,25 @@ static void test_attention_tiles(void) {
                 for (size_t i = 0; i < (size_t)T * qs; i++) worst_scalar = fmax(worst_scalar, fabs(out[i] - ref[i]));
                 for (int t = 0; t < T; t++)
                     for (int h = 0; h < H; h++) {
-                        const float *qv = q + ((size_t)t * H + h) * D, *kv = k + (size_t)(h / g) * D, *vv = v + (size_t)(h / g) * D;
+                        const float *qv = q + ((size_t)t * H + h) * D, *kv = k + (size_t)(h / g) * hs, *vv = v + (size_t)(h / g) * hs;
                         double mx = -1e300, z = 0;
                         for (int j = 0; j <= pos0 + t; j++) {
                             double d = 0;
-                            for (int i = 0; i < D; i++) d += (double)qv[i] * kv[j * kvs + i];
+                            for (int i = 0; i < D; i++) d += (double)qv[i] * kv[j * ps + i];
                             mx = fmax(mx, sc[j] = d / sqrt(D));
                         }
                         for (int i = 0; i < D; i++) o[i] = 0;
                         for (int j = 0; j <= pos0 + t; j++) {
                             z += sc[j] = exp(sc[j] - mx);
-                            for (int i = 0; i < D; i++) o[i] += sc[j] * vv[j * kvs + i];
+                            for (int i = 0; i < D; i++) o[i] += sc[j] * vv[j * ps + i];
                         }
                         for (int i = 0; i < D; i++)
                             worst_ref = fmax(worst_ref, fabs(o[i] / z - out[((size_t)t * H + h) * D + i]) / (1 + fabs(o[i] / z)));
                     }
             }
             if (!CHECK(worst_ref < 1e-5 && worst_scalar < 2e-6))
-                fprintf(stderr, "  H %d KVH %d D %d T %d pos0 %d: vs double %.3g, vs scalar %.3g\n", H, KVH, D, T, pos0,
-                        worst_ref, worst_scalar);
+                fprintf(stderr, "  H %d KVH %d D %d T %d pos0 %d head_major %d: vs double %.3g, vs scalar %.3g\n", H, KVH, D,
+                        T, pos0, head_major, worst_ref, worst_scalar);
             /* Same bits whatever the thread count (the default ISA is in force). */
             omp_set_num_threads(1);
             q3_attention(out, q, T, pos0, &L, scratch);
