@@ -25,12 +25,10 @@ typedef struct {
     int mr; /* token rows per micro tile */
     /* out[r - r0] = dot(x, W[r, :]) for r in [r0, r1): one token, weights streamed once. */
     void (*gemv)(float *out, const float *x, const q3_mat *W, int r0, int r1);
-    /* C[t][j] (+)= sum_{k<kc} A[k * mr + t] * Bp[k][j] for t < mt (<= mr), j < nt (<= NR):
-     * A is a tile of token rows packed by matmul.c (element k of row t at
-     * k * mr + t, so the broadcasts read one sequential stream; rows past
-     * the tokens zero), Bp a packed panel [kc][NR]; accumulate=0
-     * overwrites C. */
-    void (*micro)(const float *A, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt, int accumulate);
+    /* C[t][j] (+)= sum_{k<kc} A[t][k] * Bp[k][j] for t < mt (<= mr), j < nt (<= NR);
+     * Bp is a packed panel [kc][NR]; accumulate=0 overwrites C. */
+    void (*micro)(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt,
+                  int accumulate);
     /* Few tokens (T <= small_t): out[t][r] for r in [r0, r1), straight from the
      * stored rows (no packing), weights widened once per token block.
      * Plain dtypes with contiguous rows only; NULL: not available. */

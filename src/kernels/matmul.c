@@ -248,36 +248,6 @@ static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     g_k->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
 
-/* The panel GEMM's input: the token rows in tiles of mr, each tile
- * [K][mr] (element k of row t at k * mr + t, rows past T zero), so the
- * micro kernel's broadcasts read one sequential stream instead of mr rows
- * K floats apart (which share L1 sets when K * 4 is a multiple of 4 KiB).
- * Packed once per thread and pass; the buffer grows to the largest input
- * seen and is kept for the life of the thread (prefill only). Measured
- * (kernel_bench 4096 2048 512, AVX2): 118-133 -> 132-140 GFLOP/s. */
-static const float *packed_tiles(const q3_mm_job *jb, int mr) {
-    static _Thread_local float *ap;
-    static _Thread_local size_t cap;
-    static _Thread_local act_key have;
-    const int K = jb->W->cols;
-    const size_t need = (size_t)(jb->T + mr - 1) / mr * mr * K;
-    if (need > cap) {
-        free(ap);
-        ap = q3_malloc(need * sizeof *ap);
-        cap = need;
-        have = (act_key){0};
-    }
-    if (act_stale(&have, jb))
-        for (int t0 = 0; t0 < jb->T; t0 += mr) {
-            float *tile = ap + (size_t)t0 * K;
-            for (int i = 0; i < mr; i++) {
-                const float *xr = t0 + i < jb->T ? jb->x + (size_t)(t0 + i) * jb->ldx : NULL;
-                for (int k = 0; k < K; k++) tile[(size_t)k * mr + i] = xr ? xr[k] : 0.0f;
-            }
-        }
-    return ap;
-}
-
 /* One panel of up to NR output rows of one job. */
 static void run_panel(const q3_mm_job *jb, int r0) {
     static _Thread_local float Bp[Q3_KC * Q3_NR] __attribute__((aligned(64)));
@@ -314,15 +284,14 @@ static void run_panel(const q3_mm_job *jb, int r0) {
         g_k->gemm_small(jb->out, jb->ldo, jb->x, jb->ldx, jb->T, W, r0, r0 + nr);
         return;
     }
-    const int mr = g_k->mr;
-    const float *A = packed_tiles(jb, mr);
     for (int k0 = 0; k0 < K; k0 += Q3_KC) {
         const int kc = K - k0 < Q3_KC ? K - k0 : Q3_KC;
         if (g_k->pack && cs_of(W) == 1 && nr == Q3_NR && kc % 8 == 0) g_k->pack(Bp, W, r0, nr, k0, kc);
         else q3_pack_panel(Bp, W, r0, nr, k0, kc);
-        for (int t = 0; t < jb->T; t += mr) {
-            const int mt = jb->T - t < mr ? jb->T - t : mr;
-            g_k->micro(A + (size_t)t * K + (size_t)k0 * mr, Bp, kc, jb->out + (size_t)t * jb->ldo + r0, jb->ldo, mt, nr, k0 > 0);
+        for (int t = 0; t < jb->T; t += g_k->mr) {
+            const int mt = jb->T - t < g_k->mr ? jb->T - t : g_k->mr;
+            g_k->micro(jb->x + (size_t)t * jb->ldx + k0, jb->ldx, Bp, kc, jb->out + (size_t)t * jb->ldo + r0, jb->ldo, mt,
+                       nr, k0 > 0);
         }
     }
 }
