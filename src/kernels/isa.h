@@ -25,9 +25,11 @@ typedef struct {
     int mr; /* token rows per micro tile */
     /* out[r - r0] = dot(x, W[r, :]) for r in [r0, r1): one token, weights streamed once. */
     void (*gemv)(float *out, const float *x, const q3_mat *W, int r0, int r1);
-    /* C[t][j] (+)= sum_{k<kc} A[t][k] * Bp[k][j] for t < mt (<= mr), j < nt (<= NR);
-     * Bp is a packed panel [kc][NR]; accumulate=0 overwrites C. */
-    void (*micro)(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt,
+    /* C[t][j] (+)= sum_{k<kc} A[t * lda + k * ska] * Bp[k][j] for t < mt (<= mr), j < nt (<= NR):
+     * the token rows as stored (lda = their stride, ska = 1) or packed by
+     * matmul.c into a tile (lda = 1, ska = mr); Bp is a packed panel
+     * [kc][NR]; accumulate=0 overwrites C. */
+    void (*micro)(const float *A, size_t lda, size_t ska, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt,
                   int accumulate);
     /* Few tokens (T <= small_t): out[t][r] for r in [r0, r1), straight from the
      * stored rows (no packing), weights widened once per token block.

@@ -299,15 +299,16 @@ static void pack(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
 
 /* Full 6x16 tile with every accumulator in a named register (GCC does not
  * keep an array of vectors in registers reliably). */
-INLINE void micro_full(const float *A, size_t lda, const float *Bp, int kc, __m256 c[Q3_MR][2]) {
+INLINE void micro_full(const float *A, size_t lda, size_t ska, const float *Bp, int kc, __m256 c[Q3_MR][2]) {
     __m256 c00 = c[0][0], c01 = c[0][1], c10 = c[1][0], c11 = c[1][1], c20 = c[2][0], c21 = c[2][1];
     __m256 c30 = c[3][0], c31 = c[3][1], c40 = c[4][0], c41 = c[4][1], c50 = c[5][0], c51 = c[5][1];
     const float *a0 = A, *a1 = A + lda, *a2 = A + 2 * lda, *a3 = A + 3 * lda, *a4 = A + 4 * lda, *a5 = A + 5 * lda;
     for (int k = 0; k < kc; k++) {
         const __m256 b0 = _mm256_load_ps(Bp + k * Q3_NR), b1 = _mm256_load_ps(Bp + k * Q3_NR + 8);
+        const size_t ak = (size_t)k * ska;
         __m256 a;
 #define ROW(i)                                   \
-    a = _mm256_broadcast_ss(a##i + k);           \
+    a = _mm256_broadcast_ss(a##i + ak);          \
     c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);   \
     c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);
         ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
@@ -317,7 +318,8 @@ INLINE void micro_full(const float *A, size_t lda, const float *Bp, int kc, __m2
     c[3][0] = c30, c[3][1] = c31, c[4][0] = c40, c[4][1] = c41, c[5][0] = c50, c[5][1] = c51;
 }
 
-static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt, int accumulate) {
+static void micro(const float *A, size_t lda, size_t ska, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt,
+                  int accumulate) {
     __m256 c[Q3_MR][2];
     float tmp[Q3_NR];
     for (int t = 0; t < Q3_MR; t++) {
@@ -333,7 +335,7 @@ static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C,
         }
     }
     if (mt == Q3_MR) {
-        micro_full(A, lda, Bp, kc, c);
+        micro_full(A, lda, ska, Bp, kc, c);
     } else {
         /* Tail tiles: same per-element FMA sequence as the full tile, with the
          * rows interleaved so their FMA chains overlap. */
@@ -342,7 +344,7 @@ static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C,
 #pragma GCC unroll 6
             for (int t = 0; t < Q3_MR; t++)
                 if (t < mt) {
-                    const __m256 a = _mm256_broadcast_ss(A + t * lda + k);
+                    const __m256 a = _mm256_broadcast_ss(A + t * lda + (size_t)k * ska);
                     c[t][0] = _mm256_fmadd_ps(a, b0, c[t][0]);
                     c[t][1] = _mm256_fmadd_ps(a, b1, c[t][1]);
                 }

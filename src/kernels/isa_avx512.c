@@ -130,13 +130,13 @@ static void gemm_small(float *out, size_t ldo, const float *x, size_t ldx, int T
 }
 
 /* Full 14-row tile, accumulators in named registers. */
-INLINE void micro_full(const float *A, size_t lda, const float *Bp, int kc, __m512 *c) {
+INLINE void micro_full(const float *A, size_t lda, size_t ska, const float *Bp, int kc, __m512 *c) {
 #define DECL(i) __m512 c##i = c[i]; const float *a##i = A + (i) * lda;
     DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5) DECL(6) DECL(7) DECL(8) DECL(9) DECL(10) DECL(11) DECL(12) DECL(13)
 #undef DECL
     for (int k = 0; k < kc; k++) {
         const __m512 b = _mm512_load_ps(Bp + k * Q3_NR);
-#define ROW(i) c##i = _mm512_fmadd_ps(_mm512_set1_ps(a##i[k]), b, c##i);
+#define ROW(i) c##i = _mm512_fmadd_ps(_mm512_set1_ps(a##i[(size_t)k * ska]), b, c##i);
         ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7) ROW(8) ROW(9) ROW(10) ROW(11) ROW(12) ROW(13)
 #undef ROW
     }
@@ -145,13 +145,14 @@ INLINE void micro_full(const float *A, size_t lda, const float *Bp, int kc, __m5
 #undef OUT
 }
 
-static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt, int accumulate) {
+static void micro(const float *A, size_t lda, size_t ska, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt,
+                  int accumulate) {
     __m512 c[MR512];
     const __mmask16 m = (__mmask16)((1u << nt) - 1);
     for (int t = 0; t < MR512; t++)
         c[t] = accumulate && t < mt ? _mm512_maskz_loadu_ps(m, C + t * ldc) : _mm512_setzero_ps();
     if (mt == MR512) {
-        micro_full(A, lda, Bp, kc, c);
+        micro_full(A, lda, ska, Bp, kc, c);
     } else {
         /* Tail tiles: the same per-element FMA sequence as the full tile, with
          * the rows interleaved so their FMA chains overlap. */
@@ -159,7 +160,7 @@ static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C,
             const __m512 b = _mm512_load_ps(Bp + k * Q3_NR);
 #pragma GCC unroll 14
             for (int t = 0; t < MR512; t++)
-                if (t < mt) c[t] = _mm512_fmadd_ps(_mm512_set1_ps(A[t * lda + k]), b, c[t]);
+                if (t < mt) c[t] = _mm512_fmadd_ps(_mm512_set1_ps(A[t * lda + (size_t)k * ska]), b, c[t]);
         }
     }
     for (int t = 0; t < mt; t++) _mm512_mask_storeu_ps(C + t * ldc, m, c[t]);

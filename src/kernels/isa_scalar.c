@@ -21,11 +21,12 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     }
 }
 
-static void micro(const float *A, size_t lda, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt, int accumulate) {
+static void micro(const float *A, size_t lda, size_t ska, const float *Bp, int kc, float *C, size_t ldc, int mt, int nt,
+                  int accumulate) {
     for (int t = 0; t < mt; t++)
         for (int j = 0; j < nt; j++) {
             float s = accumulate ? C[t * ldc + j] : 0.0f;
-            for (int k = 0; k < kc; k++) s += A[t * lda + k] * Bp[k * Q3_NR + j];
+            for (int k = 0; k < kc; k++) s += A[t * lda + k * ska] * Bp[k * Q3_NR + j];
             C[t * ldc + j] = s;
         }
 }

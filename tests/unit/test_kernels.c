@@ -122,10 +122,12 @@ static void test_matmul(void) {
         check_matmul(Q3_F16, 120, 17, 272);
         check_matmul(Q3_F32, 57, 23, 144);
         check_matmul(Q3_BF16, 129, 20, 144);
-        /* Panel GEMM: a short last token tile, several k blocks with a
-         * short last one, a short last panel. */
+        /* Panel GEMM on packed token tiles: a short last tile, several k
+         * blocks with a short last one, a short last panel; and on the rows
+         * as stored (AVX2: the few-token kernel's odd last panel). */
         check_matmul(Q3_BF16, 131, 40, 600);
         check_matmul(Q3_F32, 200, 33, 520);
+        check_matmul(Q3_BF16, 10, 33, 64);
     }
     q3_kernels_force(Q3_ISA_COUNT - 1);
 }
