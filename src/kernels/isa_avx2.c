@@ -578,13 +578,10 @@ static void att_decode(const float *q, int G, const float *k, const float *v, si
         const int n = nk - j < 12 ? nk - j : 12;
         prefetch_rows(k, stride, j + 24, j + 24 + n, D, 1);
         prefetch_rows(v, stride, j, j + n, D, 0);
-        if (n == 12) score_block(s + 8 * j, k + (size_t)j * stride, stride, qt, D, 12);
-        else
-            for (int i = 0; i < n; i += 4) {
-                if (n - i >= 4) score_block(s + 8 * (j + i), k + (size_t)(j + i) * stride, stride, qt, D, 4);
-                else
-                    for (int t = i; t < n; t++) score_block(s + 8 * (j + t), k + (size_t)(j + t) * stride, stride, qt, D, 1);
-            }
+        int i = 0; /* constant tile shapes: 12, then 4s and 1s at the block's end */
+        if (n == 12) score_block(s + 8 * j, k + (size_t)j * stride, stride, qt, D, 12), i = 12;
+        for (; i + 4 <= n; i += 4) score_block(s + 8 * (j + i), k + (size_t)(j + i) * stride, stride, qt, D, 4);
+        for (; i < n; i++) score_block(s + 8 * (j + i), k + (size_t)(j + i) * stride, stride, qt, D, 1);
     }
     const __m256 vs = _mm256_set1_ps(scale);
     __m256 mx = mold, sum = _mm256_setzero_ps();
