@@ -401,23 +401,17 @@ static void pack_tiles(const q3_mm_job *jobs, float *const *tiles, const int *fi
     }
 }
 
-static void run_pass(const q3_mm_job *jobs, int n) {
-    enum { MAX_PACKED_JOBS = 512 };
-    g_pass++;
-    double total = 0;
-    int npanels = 0;
-    for (int j = 0; j < n; j++) {
-        if (jobs[j].T > 0) total += (double)jobs[j].W->rows * jobs[j].W->cols * (jobs[j].T + 1);
-        npanels += panels_of(&jobs[j]);
-    }
-    if (npanels == 0) return;
-    /* Which jobs get packed inputs, and where. */
-    float *tiles_of[MAX_PACKED_JOBS], *const *tiles = tiles_of; /* per job, NULL: not packed */
-    int first[MAX_PACKED_JOBS + 1];
+enum { MAX_PACKED_JOBS = 512 };
+
+/* Lays out a pass's packed inputs in g_tiles: tiles[j] for job j (NULL:
+ * not packed), first[j] its first tile in the flattened list. Returns the
+ * tile count (0 for passes of more than MAX_PACKED_JOBS jobs: none packed). */
+static int plan_tiles(const q3_mm_job *jobs, int n, float **tiles, int *first) {
+    const int mr = g_k->mr;
     first[0] = 0;
-    const int mr = g_k->mr, np = n <= MAX_PACKED_JOBS ? n : 0;
+    if (n > MAX_PACKED_JOBS) return 0;
     size_t need = 0;
-    for (int j = 0; j < np; j++) {
+    for (int j = 0; j < n; j++) {
         const int tj = takes_panel_gemm(&jobs[j]) ? (jobs[j].T + mr - 1) / mr : 0;
         first[j + 1] = first[j] + tj;
         need += (size_t)tj * mr * jobs[j].W->cols;
@@ -428,12 +422,26 @@ static void run_pass(const q3_mm_job *jobs, int n) {
         g_tiles_cap = need;
     }
     size_t off = 0;
-    for (int j = 0; j < np; j++) {
-        tiles_of[j] = first[j + 1] > first[j] ? g_tiles + off : NULL;
+    for (int j = 0; j < n; j++) {
+        tiles[j] = first[j + 1] > first[j] ? g_tiles + off : NULL;
         off += (size_t)(first[j + 1] - first[j]) * mr * jobs[j].W->cols;
     }
-    if (n > MAX_PACKED_JOBS) tiles = NULL; /* none packed */
-    const int ntiles = np ? first[np] : 0;
+    return first[n];
+}
+
+static void run_pass(const q3_mm_job *jobs, int n) {
+    g_pass++;
+    double total = 0;
+    int npanels = 0;
+    for (int j = 0; j < n; j++) {
+        if (jobs[j].T > 0) total += (double)jobs[j].W->rows * jobs[j].W->cols * (jobs[j].T + 1);
+        npanels += panels_of(&jobs[j]);
+    }
+    if (npanels == 0) return;
+    float *tiles_of[MAX_PACKED_JOBS];
+    int first[MAX_PACKED_JOBS + 1];
+    const int ntiles = plan_tiles(jobs, n, tiles_of, first);
+    float *const *tiles = n <= MAX_PACKED_JOBS ? tiles_of : NULL;
     /* Small products are not worth waking the other threads for. */
     const int nt = omp_get_max_threads();
     atomic_int next = 0;
