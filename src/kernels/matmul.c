@@ -259,13 +259,14 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
         if (run) call;     \
         return 1;          \
     } while (0)
-    if (jb->T == 1 && (gemv_i8_ok(W) || gemv_mx_ok(W))) TAKE(run_gemv_prepared(jb, r0, nr, gemv_i8_ok(W)));
+    const int i8 = gemv_i8_ok(W); /* the integer GEMV applies (one token or a few) */
+    if (jb->T == 1 && (i8 || gemv_mx_ok(W))) TAKE(run_gemv_prepared(jb, r0, nr, i8));
     if (a8_gemm_ok(jb) && (!run || run_gemm_a8(jb, r0, nr))) return 1;
     if (jb->T == 1) TAKE(g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr));
     if (jb->T <= Q3_LANE_TOKENS && bf16_shape_ok(W)) TAKE(run_gemm_bf16(jb, r0, nr));
     if (gemm_i8_ok(jb)) TAKE(run_gemm_i8(jb, r0, nr));
-    if (jb->T <= g_k->mx_gemv_t && jb->T <= MX_GEMV_TOKENS && (gemv_i8_ok(W) || gemv_mx_ok(W)))
-        TAKE(run_gemv_mx_tokens(jb, r0, nr, gemv_i8_ok(W)));
+    if (jb->T <= g_k->mx_gemv_t && jb->T <= MX_GEMV_TOKENS && (i8 || gemv_mx_ok(W)))
+        TAKE(run_gemv_mx_tokens(jb, r0, nr, i8));
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
         (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
         TAKE(run_gemm_bc(jb, r0, nr));
@@ -286,7 +287,8 @@ static int takes_panel_gemm(const q3_mm_job *jb) {
  * t0 as [K][mr] (element k of row i at k * mr + i, rows past T zero), so
  * the micro kernel broadcasts from one sequential stream instead of mr
  * rows K floats apart (which share L1 sets when K * 4 is a multiple of 4
- * KiB). kernel_bench 4096 2048 512 (AVX2, 2 threads): 114 -> 130 GFLOP/s. */
+ * KiB). kernel_bench M K 512 (AVX2, 2 threads, medians of five): 4096 x
+ * 2048 149.6 -> 155.9, 2048 x 4096 140.6 -> 157.1 GFLOP/s. */
 static void pack_tile(float *tiles, const q3_mm_job *jb, int mr, int t0) {
     const int K = jb->W->cols;
     float *dst = tiles + (size_t)t0 * K;
@@ -323,8 +325,9 @@ static inline int panels_of(const q3_mm_job *jb) { return jb->T > 0 ? (jb->W->ro
  * takes fewer chunks instead of holding everyone at the join. Each output
  * row is still computed by one thread with the same kernel, so results do
  * not depend on the schedule. Chunk indices only grow, so each thread walks
- * the jobs forward with a cursor. */
-static void run_chunks(const q3_mm_job *jobs, float *const *tiles, int npanels, int chunk, atomic_int *next) { /* tiles: NULL or per job */
+ * the jobs forward with a cursor. tiles: each job's packed input (NULL for
+ * none), or NULL when no job has one. */
+static void run_chunks(const q3_mm_job *jobs, float *const *tiles, int npanels, int chunk, atomic_int *next) {
     int j = 0, base = 0;
     for (;;) {
         const int p0 = atomic_fetch_add_explicit(next, chunk, memory_order_relaxed);
