@@ -116,7 +116,7 @@ typedef struct {
     /* Integer GEMV for MXINT8 inputs (W->ai8) against MXINT8 or MXFP4
      * weights (cols % 64 == 0, <= 32768; NULL: not available): i8_prep
      * writes x[0..K) as MXINT8 elements and block factors in the order
-     * gemv_i8 reads for weights of dtype wt, at most 2 * K bytes (exact
+     * gemv_i8 reads for weights of dtype wt, at most 2.125 * K bytes (exact
      * when x is MXINT8-quantized, as W->ai8 promises); gemv_i8 is gemv on
      * that copy, each block an exact integer sum scaled once. */
     void (*i8_prep)(void *xq, const float *x, int K, q3_dtype wt);

@@ -166,7 +166,11 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
         q3_kernels_force((q3_isa)isa);
         if ((int)q3_kernels_isa() != isa) continue;
         q3_matmul(out, x, T, &W);
-        CHECK(worst_rel_err(out, x, wf, T, M, K) < 1e-5);
+        const double err = worst_rel_err(out, x, wf, T, M, K);
+        if (err >= 1e-5)
+            fprintf(stderr, "check_mx_a8: dtype %d, %d x %d, %d tokens, input %d, extremes %d, %s: relative error %g\n", dt, M, K, T,
+                    act, extremes, q3_isa_name((q3_isa)isa), err);
+        CHECK(err < 1e-5);
     }
     q3_kernels_force(Q3_ISA_COUNT - 1);
     free(el), free(sc), free(row), free(wf), free(x), free(out);
