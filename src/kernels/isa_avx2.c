@@ -164,7 +164,14 @@ void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
     const size_t o = (size_t)r * (W->rs ? W->rs : (size_t)W->cols) + (size_t)k0;
     switch (W->dtype) {
     case Q3_BF16:
-        for (int k = 0; k < n; k += 8) _mm256_storeu_ps(dst + k, load8(W->data, o + k, Q3_BF16));
+        /* A prefetch 4 KiB ahead (the hardware prefetcher stops at page
+         * edges): the broadcast GEMM widens each BF16 expert row from DRAM
+         * just before use. q30b8 prefill 512: 133-134 -> 136-138 tok/s;
+         * 8 and 16 KiB measured the same. */
+        for (int k = 0; k < n; k += 8) {
+            if (k % 32 == 0) _mm_prefetch((const char *)W->data + (o + k) * 2 + 4096, _MM_HINT_T0);
+            _mm256_storeu_ps(dst + k, load8(W->data, o + k, Q3_BF16));
+        }
         break;
     case Q3_F16:
         for (int k = 0; k < n; k += 8) _mm256_storeu_ps(dst + k, load8(W->data, o + k, Q3_F16));
