@@ -299,34 +299,16 @@ void q3_moe_forward(const q3_model *m, const q3_layer *L, q3_state *s, int T, in
         return;
     }
     const q3_config *c = &m->cfg;
-    const int E = c->num_experts, K = c->num_experts_per_tok, H = c->hidden_size, F = c->moe_intermediate_size;
+    const int E = c->num_experts, K = c->num_experts_per_tok, H = c->hidden_size;
     gating(c, L, s, 0, T);
     init_routing(c, s, T);
     if (s->expert_hits)
         for (int e = 0; e < E; e++) s->expert_hits[(size_t)layer * E + e] += (uint64_t)s->expert_count[e];
-    /* Gather each expert's rows, then gate+up of every active expert in one
-     * parallel pass, SwiGLU over all pairs at once, and down in a second pass. */
-    q3_mm_job *jobs = s->moe_jobs;
-    int nj = 0;
-    /* The router read xn in fp32; the experts read the MXFP8 copy (A8). */
+    /* Gather each expert's rows, then its passes (run_local_experts). The
+     * router read xn in fp32; the experts read the MXFP8 copy (A8). */
     const float *src = s->xq_in_proj ? s->proj : s->xn;
     for (int p = 0; p < T * K; p++) memcpy(s->xg + (size_t)p * H, src + (size_t)(s->perm[p] / K) * H, (size_t)H * sizeof(float));
-    if (!s->xq_in_proj) q3_act_quant(m, &L->gate[0], s->xg, T * K, (size_t)H);
-    for (int e = 0; e < E; e++) {
-        const int n = s->expert_count[e], off = s->expert_offset[e];
-        if (!n) continue;
-        jobs[nj++] = (q3_mm_job){s->h_gate + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->gate[e]};
-        jobs[nj++] = (q3_mm_job){s->h_up + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->up[e]};
-    }
-    q3_matmul_jobs(jobs, nj);
-    q3_swiglu(s->h_gate, s->h_gate, s->h_up, T * K * F);
-    q3_act_quant(m, &L->down[0], s->h_gate, T * K, (size_t)F);
-    nj = 0;
-    for (int e = 0; e < E; e++) {
-        const int n = s->expert_count[e], off = s->expert_offset[e];
-        if (n) jobs[nj++] = (q3_mm_job){s->h_out + (size_t)off * H, (size_t)H, s->h_gate + (size_t)off * F, (size_t)F, n, &L->down[e]};
-    }
-    q3_matmul_jobs(jobs, nj);
+    run_local_experts(m, L, s, 0, E, s->xq_in_proj);
     /* Finalize: each token sums its k expert outputs in slot order, so the
      * result does not depend on how pairs were grouped. */
     for (int t = 0; t < T; t++) {
