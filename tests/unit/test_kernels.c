@@ -148,6 +148,8 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
     for (int r = 0; r < M; r++) {
         for (int k = 0; k < K; k++)
             row[k] = frand() * (extremes == 1 && r % 5 == 0 ? 1e-38f : extremes == 1 && r % 7 == 0 ? 0.0f : 3.0f);
+        if (extremes == 1 && r % 11 == 3) /* one zero block (scale code 0) among ordinary ones, in a different place per row */
+            for (int k = 0; k < 32; k++) row[(size_t)(r / 11 % (K / 32)) * 32 + k] = 0.0f;
         CHECK(q3_mx_quantize_row(dt, row, (size_t)K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
         if (extremes == 2)
             for (size_t i = 0; i < eb; i++) el[(size_t)r * eb + i] = (uint8_t[]){0x80, 0x81, 0x7F}[(i * 7 + (size_t)r) % 3];
