@@ -146,6 +146,26 @@ def test_decode(report, model):
     assert d["kv_bytes_per_token"] == pytest.approx(kv, rel=1e-12)
 
 
+def test_decode_parts(report, model):
+    """Matmul time and weight bytes per model part: the bytes each part's
+    matrices hold (bf16 here), the times adding up to the matmul total."""
+    d = report[0]["decode"]
+    c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
+    ns = sum(sparse)
+    want = {"attention": BF16 * L * (QD * H + 2 * KVD * H + H * QD), "router": BF16 * ns * E * H,
+            "experts": BF16 * ns * K * 3 * c["moe_intermediate_size"] * H,
+            "mlp": BF16 * (L - ns) * 3 * c.get("intermediate_size", 0) * H, "lm_head": BF16 * V * H}
+    want = {k: v for k, v in want.items() if v}
+    parts = d["matmul_parts"]
+    assert sorted(parts) == sorted(want)
+    for k, v in parts.items():
+        assert v["weight_bytes_per_token"] == pytest.approx(want[k], rel=1e-12), k
+        assert v["ms_per_token"] > 0 and v["gbs"] == pytest.approx(v["weight_bytes_per_token"] / v["ms_per_token"] / 1e6, rel=1e-9)
+    assert parts["experts"]["weight_bytes_per_token"] == pytest.approx(d["expert_bytes_per_token"], rel=1e-12)
+    assert sum(v["ms_per_token"] for v in parts.values()) == pytest.approx(d["matmul_ms_per_token"], rel=1e-9)
+    assert "by part (ms/token, MB/token, GB/s): attention" in report[1]
+
+
 def test_ttft(report):
     r = report[0]
     t = r["ttft"]

@@ -131,7 +131,7 @@ int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int de
     uint64_t *before = nh ? q3_malloc(nh * sizeof *before) : NULL;
     if (nh) memset(hits_delta, 0, nh * sizeof *hits_delta);
     int rc = 0;
-    *mm = (q3_matmul_stats){0, 0};
+    *mm = (q3_matmul_stats){0};
     for (int r = 0; rc == 0 && r < reps; r++) {
         q3_state_reset(s);
         if (depth > 0 && q3_forward(m, s, ids, depth, NULL, 0)) rc = -1;
@@ -146,7 +146,7 @@ int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int de
             sum += ms[(size_t)r * n + i];
         }
         const q3_matmul_stats st = q3_matmul_stats_get();
-        mm->seconds += st.seconds, mm->flops += st.flops;
+        q3_matmul_stats_add(mm, &st);
         if (rc == 0 && nh && s->expert_hits)
             for (size_t k = 0; k < nh; k++) hits_delta[k] += s->expert_hits[k] - before[k];
         if (rc == 0) bench_log("decode at depth %d, rep %d/%d: %d steps, mean %.2f ms/token\n", depth, r + 1, reps, n, sum / n);

@@ -117,6 +117,12 @@ void bench_print_table(FILE *f, const bench_results *r) {
         fprintf(f, "  KV cache read: %.2f MB/token on average (not included above)\n", d->kv_bytes / 1e6);
         fprintf(f, "  matmuls: %.2f ms/token on average, %.1f %% of the step; the weights at %.2f GB/s inside them\n", d->mm_ms,
                 100.0 * d->mm_share, d->mm_ms > 0 ? d->weight_bytes / (d->mm_ms * 1e6) : 0);
+        fprintf(f, "  by part (ms/token, MB/token, GB/s):");
+        for (int p = 0; p < Q3_MM_PARTS; p++)
+            if (d->part_ms[p] > 0)
+                fprintf(f, " %s %.2f, %.1f, %.1f;", q3_mm_part_name((q3_mm_part)p), d->part_ms[p], d->part_bytes[p] / 1e6,
+                        d->part_bytes[p] / (d->part_ms[p] * 1e6));
+        fprintf(f, "\n");
     }
     const bench_ttft *t = &r->ttft;
     if (t->ran) {
@@ -261,6 +267,16 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "gbs", d->gbs);
             set_num(o, "matmul_ms_per_token", d->mm_ms);
             set_num(o, "matmul_time_share", d->mm_share);
+            json_t *parts = json_object();
+            json_object_set_new(o, "matmul_parts", parts);
+            for (int p = 0; p < Q3_MM_PARTS; p++) {
+                if (d->part_ms[p] <= 0) continue;
+                json_t *q = json_object();
+                json_object_set_new(parts, q3_mm_part_name((q3_mm_part)p), q);
+                set_num(q, "ms_per_token", d->part_ms[p]);
+                set_num(q, "weight_bytes_per_token", d->part_bytes[p]);
+                set_num(q, "gbs", d->part_bytes[p] / (d->part_ms[p] * 1e6));
+            }
             if (r->membw.ran) set_num(o, "pct_membw", pct(d->gbs, r->membw.best_gbs));
             else json_object_set_new(o, "pct_membw", json_null());
         } else json_object_set_new(root, "decode", json_null());

@@ -7,6 +7,7 @@
 #include "cli/bench_comm.h"
 #include "cli/bench_machine.h"
 #include "cli/bench_ttft.h"
+#include "kernels/kernels.h"
 #include "model/config.h"
 #include "sample/sampler.h"
 
@@ -34,6 +35,8 @@ typedef struct {
     double gbs;                     /* weight_bytes / p50 */
     double mm_ms;                   /* mean time per step inside matmuls */
     double mm_share;                /* mm_ms / mean step time */
+    double part_ms[Q3_MM_PARTS];    /* of mm_ms, per model part (q3_mm_part) */
+    double part_bytes[Q3_MM_PARTS]; /* weight bytes those matmuls read per step */
 } bench_decode_result;
 
 typedef struct {

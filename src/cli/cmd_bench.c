@@ -208,6 +208,10 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
             d->gbs = d->weight_bytes / (d->p50 * 1e6);
             d->mm_ms = mm.seconds * 1e3 / total;
             d->mm_share = mm.seconds * 1e3 / sum_ms(ms, total);
+            for (int p = 0; p < Q3_MM_PARTS; p++) {
+                d->part_ms[p] = mm.part_seconds[p] * 1e3 / total;
+                d->part_bytes[p] = mm.part_bytes[p] / total;
+            }
         }
     }
     r->rss_kb = peak_rss_kb();

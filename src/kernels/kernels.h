@@ -67,14 +67,25 @@ typedef struct {
 void q3_matmul_jobs(const q3_mm_job *jobs, int n);
 /* out[T, W.rows] = x[T, W.cols] * W^T, contiguous. */
 void q3_matmul(float *out, const float *x, int T, const q3_mat *W);
+/* The part of the model a matmul call serves, for q3_matmul_stats: the
+ * forward pass names it before its calls (q3_matmul_part, the calling
+ * thread's; Q3_MM_OTHER until named). */
+typedef enum { Q3_MM_OTHER, Q3_MM_ATTN, Q3_MM_MLP, Q3_MM_ROUTER, Q3_MM_EXPERTS, Q3_MM_LM_HEAD, Q3_MM_PARTS } q3_mm_part;
+void q3_matmul_part(q3_mm_part part);
+const char *q3_mm_part_name(q3_mm_part part);
 /* Wall time and useful flops (2 * T * rows * cols per job) of the calling
  * thread's q3_matmul_jobs calls since its last reset: how fast prefill runs
- * inside its matmuls, for q3moe bench. */
+ * inside its matmuls, for q3moe bench; and per part, the time and the
+ * weight bytes of those calls (q3_mat_bytes of each job's matrix, once per
+ * call): where a decode step's memory traffic runs slow. */
 typedef struct {
     double seconds, flops;
+    double part_seconds[Q3_MM_PARTS], part_bytes[Q3_MM_PARTS];
 } q3_matmul_stats;
 void q3_matmul_stats_reset(void);
 q3_matmul_stats q3_matmul_stats_get(void);
+/* acc += st, part by part. */
+void q3_matmul_stats_add(q3_matmul_stats *acc, const q3_matmul_stats *st);
 
 /* out = x * rsqrt(mean(x^2) + eps) * w, for n-element vectors (out may alias x). */
 void q3_rmsnorm(float *out, const float *x, const float *w, int n, float eps);

@@ -374,16 +374,33 @@ static int run_lane_chunked(const q3_mm_job *jobs, int n) {
 }
 
 static _Thread_local q3_matmul_stats g_stats;
+static _Thread_local q3_mm_part g_part;
 
-void q3_matmul_stats_reset(void) { g_stats = (q3_matmul_stats){0, 0}; }
+void q3_matmul_stats_reset(void) { g_stats = (q3_matmul_stats){0}; }
 q3_matmul_stats q3_matmul_stats_get(void) { return g_stats; }
+void q3_matmul_part(q3_mm_part part) { g_part = part >= 0 && part < Q3_MM_PARTS ? part : Q3_MM_OTHER; }
+
+const char *q3_mm_part_name(q3_mm_part part) {
+    static const char *const names[Q3_MM_PARTS] = {"other", "attention", "mlp", "router", "experts", "lm_head"};
+    return part >= 0 && part < Q3_MM_PARTS ? names[part] : "other";
+}
+
+void q3_matmul_stats_add(q3_matmul_stats *acc, const q3_matmul_stats *st) {
+    acc->seconds += st->seconds, acc->flops += st->flops;
+    for (int p = 0; p < Q3_MM_PARTS; p++) acc->part_seconds[p] += st->part_seconds[p], acc->part_bytes[p] += st->part_bytes[p];
+}
 
 void q3_matmul_jobs(const q3_mm_job *jobs, int n) {
     q3_kernels_init();
     const double t0 = omp_get_wtime();
     if (!run_lane_chunked(jobs, n)) run_pass(jobs, n);
-    g_stats.seconds += omp_get_wtime() - t0;
-    for (int j = 0; j < n; j++) g_stats.flops += 2.0 * jobs[j].T * jobs[j].W->rows * jobs[j].W->cols;
+    const double dt = omp_get_wtime() - t0;
+    g_stats.seconds += dt;
+    g_stats.part_seconds[g_part] += dt;
+    for (int j = 0; j < n; j++) {
+        g_stats.flops += 2.0 * jobs[j].T * jobs[j].W->rows * jobs[j].W->cols;
+        if (jobs[j].T > 0) g_stats.part_bytes[g_part] += (double)q3_mat_bytes(jobs[j].W);
+    }
 }
 
 /* The packed inputs of the current pass (pack_tile), shared by its

@@ -182,6 +182,7 @@ static void attention_heads(const q3_model *m, q3_state *s, int l, int pos0, int
     const q3_mm_job qkv[3] = {{s->q, (size_t)QD, s->xn, (size_t)H, T, &L->wq},
                               {s->k, (size_t)KVD, s->xn, (size_t)H, T, &L->wk},
                               {s->v, (size_t)KVD, s->xn, (size_t)H, T, &L->wv}};
+    q3_matmul_part(Q3_MM_ATTN);
     q3_matmul_jobs(qkv, 3);
     for (int t = 0; t < T; t++) {
         const float *cs = s->rope_cos + (size_t)(pos0 + t) * D / 2, *sn = s->rope_sin + (size_t)(pos0 + t) * D / 2;
@@ -218,6 +219,7 @@ static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int
     }
     attention_heads(m, s, l, pos0, T, L->wq.a8);
     q3_act_quant(m, &L->wo, s->att, T, (size_t)QD);
+    q3_matmul_part(Q3_MM_ATTN);
     q3_matmul(s->proj, s->att, T, &L->wo); /* added to x by mlp_block's fused add + norm */
     /* Attention TP: each rank's o_proj saw only its heads' columns; the
      * partial products sum to the full projection. */
@@ -232,6 +234,7 @@ static void dense_mlp_rows(const q3_model *m, const q3_layer *L, q3_state *s, in
     q3_act_quant(m, &L->ffn_gate, s->xn, T, (size_t)H);
     const q3_mm_job w13[2] = {{s->ffn_gate, (size_t)F, s->xn, (size_t)H, T, &L->ffn_gate},
                               {s->ffn_up, (size_t)F, s->xn, (size_t)H, T, &L->ffn_up}};
+    q3_matmul_part(Q3_MM_MLP);
     q3_matmul_jobs(w13, 2);
     q3_swiglu(s->ffn_gate, s->ffn_gate, s->ffn_up, T * F);
     q3_act_quant(m, &L->ffn_down, s->ffn_gate, T, (size_t)F);
@@ -311,6 +314,7 @@ static void sp_attention(const q3_model *m, q3_state *s, int l, int pos0, int T)
     if (!nr) return;
     const q3_mat *wo = &sh->wo_full[l];
     q3_act_quant(m, wo, s->sp_att, nr, (size_t)QDF);
+    q3_matmul_part(Q3_MM_ATTN);
     q3_matmul(s->proj + (size_t)lo * H, s->sp_att, nr, wo);
 }
 
@@ -376,6 +380,7 @@ static void forward_chunk(const q3_model *m, q3_state *s, const int32_t *ids, in
     for (int t = first; t < T; t++) q3_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, m->final_norm, H, c->rms_norm_eps);
     q3_act_quant(m, &m->lm_head, s->xn + (size_t)first * H, T - first, (size_t)H); /* an MX lm_head under A8 */
     if (!s->lm_local) {
+        q3_matmul_part(Q3_MM_LM_HEAD);
         q3_matmul(logits, s->xn + (size_t)first * H, T - first, &m->lm_head);
         return;
     }
@@ -386,6 +391,7 @@ static void forward_chunk(const q3_model *m, q3_state *s, const int32_t *ids, in
     for (int t0 = first; t0 < T; t0 += s->lm_rows) {
         const int R = T - t0 < s->lm_rows ? T - t0 : s->lm_rows;
         float *out = logits + (size_t)(t0 - first) * V;
+        q3_matmul_part(Q3_MM_LM_HEAD);
         q3_matmul(s->lm_local, s->xn + (size_t)t0 * H, R, &m->lm_head);
         if (R == 1 && s->lm_local_only && !all_rows) continue; /* the caller samples from the slice */
         if (R == 1) {

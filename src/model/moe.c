@@ -21,6 +21,7 @@ void q3_topk(const float *probs, int n, int k, int32_t *id, float *w) {
 static void gating(const q3_config *c, const q3_layer *L, q3_state *s, int t0, int n) {
     const int E = c->num_experts, K = c->num_experts_per_tok;
     if (n <= 0) return;
+    q3_matmul_part(Q3_MM_ROUTER);
     q3_matmul(s->router + (size_t)t0 * E, s->xn + (size_t)t0 * c->hidden_size, n, &L->router);
     for (int t = t0; t < t0 + n; t++) {
         float *p = s->router + (size_t)t * E;
@@ -63,6 +64,7 @@ static void run_local_experts(const q3_model *m, const q3_layer *L, q3_state *s,
     q3_mm_job *jobs = s->moe_jobs;
     int nj = 0;
     if (p1 > p0 && !rows_quantized) q3_act_quant(m, &L->gate[elo], s->xg + (size_t)p0 * H, p1 - p0, (size_t)H);
+    q3_matmul_part(Q3_MM_EXPERTS);
     for (int e = elo; e < ehi; e++) {
         const int n = s->expert_count[e], off = s->expert_offset[e];
         if (!n) continue;
