@@ -9,15 +9,17 @@
  * operations, scaling included, instead of about 15 for decoding to fp32
  * and FMAs (gemv_mx_avx2.c). The block's integer sum is then scaled once
  * by the product of the two E8M0 scales, in fp32, as the fp32 kernels
- * scale their block sums. MXFP4 rows take 8 blocks at a time: their sums
- * leave the lanes together and are converted and scaled once, by factors
- * made from the 8 scale codes at once (row_fp4_grouped). kernel_bench mx
- * 768 2048, one thread, from L3: 30.4 -> 35.3 G elements/s; kernel_bench
- * moe (8 of 128 experts, 2 threads, from DRAM): gate+up 27-28 -> 31-34
- * GB/s, down 24 -> 27-28 GB/s. (The same factors for MXINT8 rows, whose block sums
- * cannot share lanes in 16 bits, were 5 % faster from L3 and no faster
- * from DRAM: not kept.)
- * (MXFP8 inputs do not fit: an E4M3 value needs 18 bits as an integer.)
+ * scale their block sums. (MXFP8 inputs do not fit: an E4M3 value needs
+ * 18 bits as an integer.)
+ *
+ * MXFP4 rows take 8 blocks at a time: their sums leave the lanes together
+ * and are converted and scaled once, by factors made from the 8 scale
+ * codes at once (row_fp4_grouped). kernel_bench mx 768 2048, one thread,
+ * from L3: 30.4 -> 35.3 G elements/s; kernel_bench moe (8 of 128 experts,
+ * 2 threads, from DRAM): gate+up 27-28 -> 31-34 GB/s, down 24 -> 27-28
+ * GB/s. The same factors for MXINT8 rows (whose block sums cannot share
+ * lanes in 16 bits) were 5 % faster from L3 and no faster from DRAM: not
+ * kept.
  *
  * vpmaddubsw takes one unsigned operand. For MXINT8 weights that is |w|
  * (up to 128: code 0x80, -2, is decoded exactly) with the weight's sign
@@ -188,9 +190,9 @@ INLINE __m256i fp4_signed(const uint8_t *e, const uint8_t *s) {
     return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)e), _mm256_loadu_si256((const __m256i *)s));
 }
 
-/* Their products with |a| (at u): the low nibbles of x index a table of twice the
- * E2M1 values, as do the high ones. The 16-bit partial sums: lanes 0-7
- * block b, 8-15 block b + 1, each at most 4 * 12 * 127. */
+/* Their products with |a| (at u): the low nibbles of x index a table of
+ * twice the E2M1 values, as do the high ones. The 16-bit partial sums:
+ * lanes 0-7 block b, 8-15 block b + 1, each at most 4 * 12 * 127. */
 INLINE __m256i fp4_pair(__m256i x, const uint8_t *u, __m256i lut) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(x, m4));
