@@ -41,13 +41,11 @@
 #include <string.h>
 
 #include "kernels/isa.h"
+#include "kernels/prefetch.h"
 #include "quant/mx.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* Software prefetch distance of the weight stream, as in the other GEMVs:
- * the hardware prefetcher stops at every 4 KiB page edge. */
-enum { PF_BYTES = 4096, PF_ROWS = 4, SC_PF_BYTES = 256 };
 
 /* Input copy layout, for K elements:
  *   MXINT8 weights: a[K] (int8, stored order), then fs[K/32] floats;
@@ -270,8 +268,7 @@ void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1
     const size_t eb = q3_mx_elem_bytes(W->dtype, (size_t)K);
     const float *wtab = q3_mx_scale_table(W->dtype), *fs = fs_of((void *)xq, K, W->dtype);
     const uint8_t *el = W->data, *sc = W->scales;
-    const size_t pf = PF_ROWS * eb > PF_BYTES ? PF_ROWS * eb : PF_BYTES;
-    const size_t spf = PF_ROWS * (size_t)nb > SC_PF_BYTES ? PF_ROWS * (size_t)nb : SC_PF_BYTES;
+    const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
     for (int r = r0; r < r1; r++) {
         const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
         _mm_prefetch((const char *)s + spf, _MM_HINT_T0);

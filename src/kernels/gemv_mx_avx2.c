@@ -31,14 +31,11 @@
 #include <stdint.h>
 
 #include "kernels/isa.h"
+#include "kernels/prefetch.h"
 #include "quant/mx.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* Software prefetch of the weight stream PF_ROWS rows (at least PF_BYTES)
- * ahead and of the scales (at least SC_PF_BYTES ahead), as in the AVX-512
- * GEMV: the hardware prefetcher stops at every 4 KiB page edge. */
-enum { PF_BYTES = 4096, PF_ROWS = 4, SC_PF_BYTES = 256 };
 
 /* E8M0 code -> the block factor, shared with isa_avx2.c's decoders (times
  * 2^120 for E4M3, 1/2 for E2M1 decoded as twice its value). */
@@ -186,8 +183,7 @@ void q3_avx2_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int r
     const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K;
     const uint8_t *el = W->data, *sc = W->scales;
-    const size_t pf = PF_ROWS * eb > PF_BYTES ? PF_ROWS * eb : PF_BYTES;
-    const size_t spf = PF_ROWS * (size_t)nb > SC_PF_BYTES ? PF_ROWS * (size_t)nb : SC_PF_BYTES;
+    const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
     const __m256i lut_hi = _mm256_loadu_si256((const __m256i *)g_fp4_hi),
                   lut_lo = _mm256_loadu_si256((const __m256i *)g_fp4_lo);
     for (int r = r0; r < r1; r++) {

@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/bcast_tile_avx2.h"
 #include "kernels/isa.h"
+#include "kernels/prefetch.h"
 #include "quant/mx.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -32,17 +33,18 @@ INLINE float hsum(__m256 v) {
 
 /* One row at a time: consecutive rows are contiguous, so the weights form a
  * single sequential stream, which the hardware prefetcher follows best
- * (several rows in flight measured slower). Four accumulators hide the FMA
- * latency. */
+ * (several rows in flight measured slower), with software prefetch past
+ * its page edges (prefetch.h). Four accumulators hide the FMA latency. */
 INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt) {
     const int K = W->cols, k32 = K & ~31, k8 = K & ~7;
-    const size_t rs = W->rs ? W->rs : (size_t)K;
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = q3_pf_weights(rs * es);
     const void *d = W->data;
     for (int r = r0; r < r1; r++) {
         const size_t o = (size_t)r * rs;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int k = 0;
         for (; k < k32; k += 32) {
+            q3_pf_lines((const char *)d + (o + k) * es, pf, 32 * es);
             a0 = _mm256_fmadd_ps(load8(d, o + k, dt), _mm256_loadu_ps(x + k), a0);
             a1 = _mm256_fmadd_ps(load8(d, o + k + 8, dt), _mm256_loadu_ps(x + k + 8), a1);
             a2 = _mm256_fmadd_ps(load8(d, o + k + 16, dt), _mm256_loadu_ps(x + k + 16), a2);
@@ -169,7 +171,7 @@ void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
          * just before use. q30b8 prefill 512: 133-134 -> 136-138 tok/s;
          * 8 and 16 KiB measured the same. */
         for (int k = 0; k < n; k += 8) {
-            if (k % 32 == 0) _mm_prefetch((const char *)W->data + (o + k) * 2 + 4096, _MM_HINT_T0);
+            if (k % 32 == 0) _mm_prefetch((const char *)W->data + (o + k) * 2 + Q3_PF_BYTES, _MM_HINT_T0);
             _mm256_storeu_ps(dst + k, load8(W->data, o + k, Q3_BF16));
         }
         break;

@@ -12,6 +12,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/isa.h"
+#include "kernels/prefetch.h"
 #include "quant/mx.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -24,16 +25,18 @@ INLINE __m512 load16(const void *base, size_t idx, q3_dtype dt) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* One row at a time (a single sequential weight stream), four accumulators. */
+/* One row at a time (a single sequential weight stream, prefetched as
+ * prefetch.h says), four accumulators. */
 INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt) {
     const int K = W->cols, k64 = K & ~63, k16 = K & ~15;
-    const size_t rs = W->rs ? W->rs : (size_t)K;
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = q3_pf_weights(rs * es);
     const void *d = W->data;
     for (int r = r0; r < r1; r++) {
         const size_t o = (size_t)r * rs;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int k = 0;
         for (; k < k64; k += 64) {
+            q3_pf_lines((const char *)d + (o + k) * es, pf, 64 * es);
             a0 = _mm512_fmadd_ps(load16(d, o + k, dt), _mm512_loadu_ps(x + k), a0);
             a1 = _mm512_fmadd_ps(load16(d, o + k + 16, dt), _mm512_loadu_ps(x + k + 16), a1);
             a2 = _mm512_fmadd_ps(load16(d, o + k + 32, dt), _mm512_loadu_ps(x + k + 32), a2);
@@ -78,17 +81,21 @@ INLINE void e2m1x64(const uint8_t *p, __m512 out[4]) {
 static void gemv_mx(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     const float *stab = q3_mx_scale_table(W->dtype);
-    const size_t row_bytes = fp4 ? (size_t)K / 2 : (size_t)K;
+    const size_t row_bytes = fp4 ? (size_t)K / 2 : (size_t)K, pf = q3_pf_weights(row_bytes), spf = q3_pf_scales((size_t)nb);
     for (int r = r0; r < r1; r++) {
         const uint8_t *el = (const uint8_t *)W->data + (size_t)r * row_bytes, *sc = W->scales + (size_t)r * nb;
+        _mm_prefetch((const char *)sc + spf, _MM_HINT_T0);
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
         int b = 0;
         for (; b + 2 <= nb; b += 2) {
             const float *xb = x + b * 32;
             __m512 e[4];
-            if (fp4) e2m1x64(el + b * 16, e);
-            else {
+            if (fp4) {
+                if (b & 2) _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
+                e2m1x64(el + b * 16, e);
+            } else {
                 const uint8_t *p = el + b * 32;
+                _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
                 e[0] = e4m3x16(p), e[1] = e4m3x16(p + 16), e[2] = e4m3x16(p + 32), e[3] = e4m3x16(p + 48);
             }
             const __m512 s0 = _mm512_fmadd_ps(e[1], _mm512_loadu_ps(xb + 16), _mm512_mul_ps(e[0], _mm512_loadu_ps(xb)));

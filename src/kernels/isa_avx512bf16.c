@@ -25,17 +25,11 @@
 #include "kernels/isa.h"
 #include "kernels/lane_rem.h"
 #include "kernels/lane_store.h"
+#include "kernels/prefetch.h"
 #include "quant/mx.h"
 
-/* GEMV rows are read once, straight from DRAM, and the hardware prefetcher
- * stops at every 4 KiB page edge: each step prefetches the weight line
- * PF_ROWS rows (at least PF_BYTES) ahead, and each row its scales PF_ROWS
- * rows (at least SC_PF_BYTES) ahead (measured: about 9 % faster decode of
- * W4A8 with an MXFP8 lm_head). The scale floor is for short rows: the down
- * projection's 24 bytes of scales per row were requested 1.5 lines ahead,
- * now 4 (kernel_bench moe, four rounds: down pass 36.0-38.5 -> 42.2-45.4
- * GB/s). */
-enum { PF_BYTES = 4096, PF_ROWS = 4, SC_PF_BYTES = 256 };
+/* The A8 GEMV prefetches as prefetch.h says (measured here: about 9 %
+ * faster decode of W4A8 with an MXFP8 lm_head). */
 #define INLINE static inline __attribute__((always_inline))
 
 /* Decode tables: E2M1 code -> bf16 word (32 entries, the 16 codes twice:
@@ -199,8 +193,7 @@ static void gemv_a8(float *out, const void *xbv, const q3_mat *W, int r0, int r1
     const int K = W->cols, nb = K / 32;
     const uint8_t *el = W->data, *sc = W->scales;
     const size_t eb = W->dtype == Q3_MXFP4 ? (size_t)K / 2 : (size_t)K;
-    const size_t pf = PF_ROWS * eb > PF_BYTES ? PF_ROWS * eb : PF_BYTES;
-    const size_t spf = PF_ROWS * (size_t)nb > SC_PF_BYTES ? PF_ROWS * (size_t)nb : SC_PF_BYTES;
+    const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
     if (W->dtype == Q3_MXFP4) {
         const __m512i lut = _mm512_loadu_si512(g_fp4_w);
         for (int r = r0; r < r1; r++) {
