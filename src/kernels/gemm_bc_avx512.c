@@ -5,11 +5,13 @@
  * Why this shape: the classic panel GEMM transposes every weight panel
  * into a packed buffer, a cost paid per weight element that only pays off
  * over many tokens. Here the tokens sit in vector lanes instead (their
- * activations packed once per thread and pass as ap[K][TP], TP = T rounded
- * up to 16), and each weight row is only widened to fp32 in its stored
- * order; the inner loop broadcasts one weight and does TB = TP / 16 FMAs
- * for each of 8 rows. Every output element is one lane accumulating over k
- * in order, so the result does not depend on the thread count. */
+ * activations packed once per thread and pass as ap[K][16 * vectors]),
+ * and each weight row is only widened to fp32 in its stored order; the
+ * inner loop broadcasts one weight and does one FMA per token vector for
+ * each of 8 rows. A few tokens past whole vectors take a reduction in the
+ * lanes instead (rem_dot). Every output element is one lane, or one
+ * reduction, accumulating over k in order, so the result does not depend
+ * on the thread count. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #include <immintrin.h>
@@ -17,15 +19,36 @@
 #include <string.h>
 
 #include "kernels/isa.h"
+#include "kernels/lane_rem.h"
 #include "kernels/lane_store.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* ap[k][t] = x[t][k]: one gather per 16 tokens and k (lanes past T are
- * zero). The scalar transposition took 6 % of prefill. */
+/* Remainder tokens (lane_rem.h's split): past whole vectors of 16 tokens,
+ * up to REM_MAX tokens are computed with the reduction in the lanes (rem_dot),
+ * against the same widened rows, instead of one more vector of lanes
+ * mostly padding (an expert of 17 tokens wasted 47 % of its lanes). Past 6
+ * a padded vector is faster. kernel_bench 768 2048 T on the Intel Xeon of
+ * BENCHMARKS.md, GFLOP/s: T = 17 139.8 -> 160.8, 18 121 -> 168, 19 156 ->
+ * 174, but 24 (8 left) 196 -> 141; moe-prefill gate+up 223 -> 229, down
+ * 214 -> 226. */
+enum { REM_MAX = 6 };
+
+/* Widened weight rows and remainder token rows are K + PAD floats apart:
+ * rows K floats apart (a multiple of 4 KiB for hidden-sized K) share L1
+ * sets, and a step reads one line of each. */
+enum { PAD = 16 };
+
+/* The lane panel ap[k][t] = x[t][k] for t < 16 * tv: one gather per 16
+ * tokens and k (lanes past T are zero; the scalar transposition took 6 %
+ * of prefill). Then the rem remainder tokens as rows of K floats, K + PAD
+ * apart. */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     (void)wt; /* plain dtypes only: stored order */
-    const int TP = (T + 15) & ~15;
+    int tv, rem;
+    q3_split_tokens(T, REM_MAX, &tv, &rem);
+    const int TP = 16 * tv;
+    for (int j = 0; j < rem; j++) memcpy(ap + (size_t)K * TP + (size_t)j * (K + PAD), x + (size_t)(TP + j) * ldx, (size_t)K * sizeof *ap);
     if (ldx > (size_t)INT32_MAX / 16) { /* gather offsets are 32-bit */
         for (int k = 0; k < K; k++)
             for (int t = 0; t < TP; t++) ap[(size_t)k * TP + t] = t < T ? x[(size_t)t * ldx + k] : 0.0f;
@@ -62,33 +85,46 @@ static void widen_row(float *dst, const q3_mat *W, int r) {
  * for one token vector measured 30 % slower. */
 enum { ROWS = 8 };
 
-/* stage[r * 16 * TB + t] for r < ROWS, t < 16 * TB, from ROWS widened rows wb[r * K ..].
- * Meanwhile the next rows' weights, nbytes at `next`, are prefetched, one
- * line every `every` steps of k: rows are a page or so each, so the
+/* The next rows' weights, prefetched one line every `every` steps of the
+ * loops that use the current rows: rows are a page or so each, so the
  * hardware prefetcher, which stops at page boundaries, would leave every
  * row's first lines to miss in DRAM. */
-INLINE void tile(float *stage, const float *ap, int K, const float *wb, const int TB, const char *next, size_t nbytes) {
+typedef struct {
+    const char *p;
+    size_t left; /* lines */
+    int every, countdown;
+} next_rows;
+
+static inline next_rows next_rows_of(const char *p, size_t nbytes, int steps) {
     const size_t lines = (nbytes + 63) / 64;
-    const int every = lines ? (int)((size_t)K / lines > 0 ? (size_t)K / lines : 1) : K + 1;
+    const int every = lines ? ((size_t)steps / lines > 0 ? (int)((size_t)steps / lines) : 1) : steps + 1;
+    return (next_rows){p, lines, every, 1};
+}
+
+/* A counter, not a modulo: a division per step cost more than its FMAs. */
+INLINE void next_rows_step(next_rows *nx) {
+    if (--nx->countdown == 0) {
+        nx->countdown = nx->every;
+        if (nx->left) _mm_prefetch(nx->p, _MM_HINT_T0), nx->p += 64, nx->left--;
+    }
+}
+
+/* stage[r * ts + t] for r < ROWS, t < 16 * TB, from ROWS widened rows wb[r * (K + PAD) ..]. */
+INLINE void tile(float *stage, int ts, const float *ap, int K, const float *wb, const int TB, next_rows *nx) {
     const int TP = 16 * TB;
     __m512 acc[ROWS][3];
 #pragma GCC unroll 8
     for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 3
         for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_setzero_ps();
-    size_t line = 0;
-    int countdown = 1;
     for (int k = 0; k < K; k++) {
-        if (--countdown == 0) { /* a counter, not k % every: a division per step cost more than its FMAs */
-            countdown = every;
-            if (line < lines) _mm_prefetch(next + line++ * 64, _MM_HINT_T0);
-        }
+        next_rows_step(nx);
         __m512 a[3];
 #pragma GCC unroll 3
         for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(ap + (size_t)k * TP + 16 * tb);
 #pragma GCC unroll 8
         for (int r = 0; r < ROWS; r++) {
-            const __m512 w = _mm512_set1_ps(wb[(size_t)r * K + k]);
+            const __m512 w = _mm512_set1_ps(wb[(size_t)r * (K + PAD) + k]);
 #pragma GCC unroll 3
             for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
         }
@@ -96,31 +132,82 @@ INLINE void tile(float *stage, const float *ap, int K, const float *wb, const in
 #pragma GCC unroll 8
     for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 3
-        for (int tb = 0; tb < TB; tb++) _mm512_storeu_ps(stage + (size_t)r * TP + 16 * tb, acc[r][tb]);
+        for (int tb = 0; tb < TB; tb++) _mm512_storeu_ps(stage + (size_t)r * ts + 16 * tb, acc[r][tb]);
+}
+
+/* stage[r * ts + j] for r < ROWS, j < NT (<= 3): the dot products of the
+ * ROWS widened rows with NT token rows xr[j * (K + PAD) ..], 16 k per step
+ * (24 accumulators; each token vector loaded once for 8 rows, as in the
+ * tile). */
+INLINE void rem_dot(float *stage, int ts, const float *wb, const float *xr, int K, const int NT, next_rows *nxp) {
+    next_rows nx = *nxp;
+    __m512 acc[ROWS][3];
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 3
+        for (int j = 0; j < NT; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        next_rows_step(&nx);
+        __m512 x[3];
+#pragma GCC unroll 3
+        for (int j = 0; j < NT; j++) x[j] = _mm512_loadu_ps(xr + (size_t)j * (K + PAD) + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < ROWS; r++) {
+            __m512 w = _mm512_loadu_ps(wb + (size_t)r * (K + PAD) + k);
+            /* One load per row into a register: GCC otherwise folds it into
+             * each of the NT FMAs, and those indexed memory operands ran
+             * the remainder at 2/3 of this rate (T = 12: 86 -> 123 GFLOP/s). */
+            __asm__("" : "+v"(w));
+#pragma GCC unroll 3
+            for (int j = 0; j < NT; j++) acc[r][j] = _mm512_fmadd_ps(w, x[j], acc[r][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 3
+        for (int j = 0; j < NT; j++) stage[(size_t)r * ts + j] = _mm512_reduce_add_ps(acc[r][j]);
+    *nxp = nx;
+}
+
+/* All rem token rows against the ROWS widened rows, into stage[r * ts + j]. */
+static void rem_dots(float *stage, int ts, const float *wb, const float *xr, int rem, int K, next_rows *nx) {
+    for (int j = 0; j < rem; j += 3) {
+        const float *xj = xr + (size_t)j * (K + PAD);
+        if (rem - j >= 3) rem_dot(stage + j, ts, wb, xj, K, 3, nx);
+        else if (rem - j == 2) rem_dot(stage + j, ts, wb, xj, K, 2, nx);
+        else rem_dot(stage + j, ts, wb, xj, K, 1, nx);
+    }
 }
 
 INLINE void gemm_tb(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf,
-                    const int TB) {
-    const int K = W->cols;
+                    const int TB, int rem) {
+    const int K = W->cols, ts = 16 * TB + rem; /* stage row: the lane tokens, then the remainder */
     const size_t es = W->dtype == Q3_F32 ? 4 : 2, rs = (W->rs ? W->rs : (size_t)K) * es;
+    const float *xr = ap + (size_t)K * 16 * TB;
+    /* steps of k over which the next rows are prefetched: the tile's K, or the remainder's */
+    const int steps = TB ? K : (K / 16) * ((rem + 2) / 3);
     float stage[Q3_STAGE_ROWS * 48] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += ROWS) {
         const int R = r1 - rg < ROWS ? r1 - rg : ROWS, at = (rg - r0) % Q3_STAGE_ROWS;
         for (int r = 0; r < ROWS; r++) /* rows past R repeat the last one; their results are dropped */
-            widen_row(wbuf + (size_t)r * K, W, rg + (r < R ? r : R - 1));
+            widen_row(wbuf + (size_t)r * (K + PAD), W, rg + (r < R ? r : R - 1));
         const int nrows = W->rows - (rg + ROWS) < ROWS ? W->rows - (rg + ROWS) : ROWS;
-        const char *next = (const char *)W->data + (size_t)(rg + ROWS) * rs;
-        const size_t nbytes = nrows > 0 ? (size_t)(nrows - 1) * rs + (size_t)K * es : 0;
-        tile(stage + (size_t)at * 16 * TB, ap, K, wbuf, TB, next, nbytes);
+        next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + ROWS) * rs,
+                                    nrows > 0 ? (size_t)(nrows - 1) * rs + (size_t)K * es : 0, steps);
+        float *st = stage + (size_t)at * ts;
+        if (TB) tile(st, ts, ap, K, wbuf, TB, &nx);
+        if (rem) rem_dots(st + 16 * TB, ts, wbuf, xr, rem, K, &nx);
         if (at + ROWS == Q3_STAGE_ROWS || rg + ROWS >= r1) /* a full stage, or the last rows */
-            q3_lane_store(out + (rg - r0 - at), ldo, stage, 16 * TB, T, at + R);
+            q3_lane_store(out + (rg - r0 - at), ldo, stage, ts, T, at + R);
     }
 }
 
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
-    const int TB = (T + 15) / 16;
-    if (TB == 1) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 1);
-    else if (TB == 2) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 2);
-    else gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 3);
+    int tv, rem;
+    q3_split_tokens(T, REM_MAX, &tv, &rem);
+    if (tv == 0) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 0, rem);
+    else if (tv == 1) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 1, rem);
+    else if (tv == 2) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 2, rem);
+    else gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 3, rem);
 }
 #pragma GCC pop_options

@@ -97,7 +97,8 @@ typedef struct {
      * K % 16 == 0, 2 .. bc_max_t tokens, K <= Q3_LANE_KMAX; NULL: not
      * available): bc_pack_act writes the T rows of x as ap[K][TP] (TP = T
      * rounded up to 16, 8 on AVX2; padding zero; its k order may depend on
-     * the weights' dtype wt);
+     * the weights' dtype wt; on AVX-512 the last few tokens instead follow
+     * as rows, at most T * K + 16 * 16 floats in all);
      * gemm_bc computes out[t][r], r in [r0, r1), t < T, widening each
      * weight row once (wbuf: Q3_NR * (K + 16) floats of scratch). */
     void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);

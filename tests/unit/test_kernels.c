@@ -115,6 +115,12 @@ static void test_matmul(void) {
         check_matmul(Q3_BF16, 17, 37, 160);
         check_matmul(Q3_BF16, 33, 13, 128);
         check_matmul(Q3_BF16, 48, 29, 2048);
+        /* AVX-512 fp32 lanes: remainders of 6 (two groups of 3) with no
+         * whole vector, of 5 (3 + 2) and of 6 after two vectors with a
+         * hidden-sized reduction. */
+        check_matmul(Q3_F16, 6, 17, 96);
+        check_matmul(Q3_F32, 21, 9, 768);
+        check_matmul(Q3_BF16, 38, 19, 2048);
         /* The AVX2 weights-broadcast GEMM takes up to 128 tokens: odd and
          * even token-vector counts, K past one column block with a short
          * last block, the first size past its limit (panel GEMM). */
