@@ -351,34 +351,29 @@ static void att_decode_one(const float *q, const float *k, const float *v, size_
     else att_decode_head(q, k, v, stride, nk, scale, st, D / 16);
 }
 
-/* Head by head over sub-blocks of DEC_SUB keys whose K and V rows are
- * copied out together and stay in L1 while every head of the group reads
- * them. This was measured when the cache interleaved the KV heads' rows
- * (one head's rows 2 KiB apart for Qwen3-30B-A3B, in a quarter of L1's
- * sets, so every head refetched them from L2); with the cache head by head
- * the copy may no longer pay, which no AVX-512 machine has measured yet.
- * Each head prefetches a share of the next sub-block's rows: the copies
- * otherwise wait on DRAM row by row. */
+/* Head by head over sub-blocks of DEC_SUB keys, read in place: a
+ * sub-block's K and V rows (32 KiB for Qwen3-30B-A3B) stay in L1/L2 while
+ * every head of the group reads them. Each head prefetches a share of the
+ * next sub-block's rows, which would otherwise wait on DRAM row by row.
+ * Copying each sub-block out first (for a cache that interleaved the KV
+ * heads' rows) measured slower on the Intel Xeon of BENCHMARKS.md once the
+ * cache was laid out head by head: kernel_bench attn 4096 32 4 128 (8
+ * layers, decode only), 1024-1068 -> 865-892 us per layer and token. */
 enum { DEC_SUB = 32 };
 
 static void att_decode(const float *q, int G, const float *k, const float *v, size_t stride, int nk, int D, float scale,
                        float *st, size_t sts) {
-    static _Thread_local float kb[DEC_SUB * Q3_DEC_DMAX] __attribute__((aligned(64)));
-    static _Thread_local float vb[DEC_SUB * Q3_DEC_DMAX] __attribute__((aligned(64)));
     const int per = (DEC_SUB + G - 1) / G;
     for (int s0 = 0; s0 < nk; s0 += DEC_SUB) {
         const int ns = nk - s0 < DEC_SUB ? nk - s0 : DEC_SUB;
-        for (int j = 0; j < ns; j++) {
-            memcpy(kb + (size_t)j * D, k + (size_t)(s0 + j) * stride, (size_t)D * sizeof(float));
-            memcpy(vb + (size_t)j * D, v + (size_t)(s0 + j) * stride, (size_t)D * sizeof(float));
-        }
         for (int h = 0; h < G; h++) {
             for (int j = s0 + DEC_SUB + h * per; j < s0 + DEC_SUB + (h + 1) * per && j < nk; j++)
                 for (int d = 0; d < D; d += 16) {
                     __builtin_prefetch(k + (size_t)j * stride + d, 0, 2);
                     __builtin_prefetch(v + (size_t)j * stride + d, 0, 2);
                 }
-            att_decode_one(q + (size_t)h * D, kb, vb, (size_t)D, ns, D, scale, st + (size_t)h * sts);
+            att_decode_one(q + (size_t)h * D, k + (size_t)s0 * stride, v + (size_t)s0 * stride, stride, ns, D, scale,
+                           st + (size_t)h * sts);
         }
     }
 }
