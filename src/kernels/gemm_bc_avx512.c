@@ -39,12 +39,27 @@ enum { REM_MAX = 6 };
  * sets, and a step reads one line of each. */
 enum { PAD = 16 };
 
-/* The lane panel ap[k][t] = x[t][k] for t < 16 * tv: one gather per 16
- * tokens and k (lanes past T are zero; the scalar transposition took 6 %
- * of prefill). Then the rem remainder tokens as rows of K floats, K + PAD
- * apart. */
-void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
-    (void)wt; /* plain dtypes only: stored order */
+/* Tokens per chunk: a product of up to Q3_BC_TOKENS_MAX tokens runs as
+ * chunks of 3 token vectors (the tile's most) against each group of
+ * widened rows, so those rows are read and widened once for all of them.
+ * (As separate passes of 48 tokens, an expert of 65-128 tokens re-read
+ * its weights from DRAM each pass, and a 512-token attention projection
+ * widened every row 11 times.) */
+enum { CHUNK = 48 };
+
+/* The chunk size for T tokens: at most CHUNK, a multiple of 16, and the
+ * chunks as even as that allows (64 tokens as 32 + 32: a lone vector of 16
+ * runs the tile below its rate). */
+static int chunk_of(int T) {
+    const int n = (T + CHUNK - 1) / CHUNK;
+    return ((T + n - 1) / n + 15) / 16 * 16;
+}
+
+/* One chunk of T <= CHUNK tokens at ap: the lane panel ap[k][t] = x[t][k]
+ * for t < 16 * tv, one gather per 16 tokens and k (lanes past T are zero;
+ * the scalar transposition took 6 % of prefill), then the rem remainder
+ * tokens as rows of K floats, K + PAD apart. */
+static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K) {
     int tv, rem;
     q3_split_tokens(T, REM_MAX, &tv, &rem);
     const int TP = 16 * tv;
@@ -62,6 +77,13 @@ void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, 
         for (int k = 0; k < K; k++)
             _mm512_storeu_ps(ap + (size_t)k * TP + t0, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, base + k, 4));
     }
+}
+
+/* Chunk c (tokens t0 = c * CHUNK on) at ap + t0 * K: at most T * K + REM_MAX * PAD floats in all. */
+void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+    (void)wt; /* plain dtypes only: stored order */
+    const int cs = chunk_of(T);
+    for (int t0 = 0; t0 < T; t0 += cs) pack_chunk(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, T - t0 < cs ? T - t0 : cs, K);
 }
 
 /* Row r of W widened to fp32 (contiguous rows, K % 16 == 0). */
@@ -179,14 +201,29 @@ static void rem_dots(float *stage, int ts, const float *wb, const float *xr, int
     }
 }
 
-INLINE void gemm_tb(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf,
-                    const int TB, int rem) {
-    const int K = W->cols, ts = 16 * TB + rem; /* stage row: the lane tokens, then the remainder */
+/* One chunk (tc tokens, packed at apc) against the widened rows, into
+ * stage columns from st. */
+static void chunk_rows(float *st, int ts, const float *apc, int tc, int K, const float *wbuf, next_rows *nx) {
+    int tv, rem;
+    q3_split_tokens(tc, REM_MAX, &tv, &rem);
+    if (tv == 1) tile(st, ts, apc, K, wbuf, 1, nx);
+    else if (tv == 2) tile(st, ts, apc, K, wbuf, 2, nx);
+    else if (tv == 3) tile(st, ts, apc, K, wbuf, 3, nx);
+    if (rem) rem_dots(st + 16 * tv, ts, wbuf, apc + (size_t)K * 16 * tv, rem, K, nx);
+}
+
+void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
+    const int K = W->cols;
     const size_t es = W->dtype == Q3_F32 ? 4 : 2, rs = (W->rs ? W->rs : (size_t)K) * es;
-    const float *xr = ap + (size_t)K * 16 * TB;
-    /* steps of k over which the next rows are prefetched: the tile's K, or the remainder's */
-    const int steps = TB ? K : (K / 16) * ((rem + 2) / 3);
-    float stage[Q3_STAGE_ROWS * 48] __attribute__((aligned(64)));
+    /* Stage row: each chunk's tokens (the last one's padded lanes too). */
+    int tv, rem, ts;
+    const int cs = chunk_of(T), last = (T - 1) / cs * cs;
+    q3_split_tokens(T - last, REM_MAX, &tv, &rem);
+    ts = last + 16 * tv + rem;
+    /* Steps of k over which the next rows are prefetched: the first chunk's tile, or its remainder's. */
+    q3_split_tokens(T < cs ? T : cs, REM_MAX, &tv, &rem);
+    const int steps = tv ? K : (K / 16) * ((rem + 2) / 3);
+    float stage[Q3_STAGE_ROWS * Q3_BC_TOKENS_MAX] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += ROWS) {
         const int R = r1 - rg < ROWS ? r1 - rg : ROWS, at = (rg - r0) % Q3_STAGE_ROWS;
         for (int r = 0; r < ROWS; r++) /* rows past R repeat the last one; their results are dropped */
@@ -195,19 +232,9 @@ INLINE void gemm_tb(float *out, size_t ldo, const float *ap, int T, const q3_mat
         next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + ROWS) * rs,
                                     nrows > 0 ? (size_t)(nrows - 1) * rs + (size_t)K * es : 0, steps);
         float *st = stage + (size_t)at * ts;
-        if (TB) tile(st, ts, ap, K, wbuf, TB, &nx);
-        if (rem) rem_dots(st + 16 * TB, ts, wbuf, xr, rem, K, &nx);
+        for (int t0 = 0; t0 < T; t0 += cs) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, T - t0 < cs ? T - t0 : cs, K, wbuf, &nx);
         if (at + ROWS == Q3_STAGE_ROWS || rg + ROWS >= r1) /* a full stage, or the last rows */
             q3_lane_store(out + (rg - r0 - at), ldo, stage, ts, T, at + R);
     }
-}
-
-void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
-    int tv, rem;
-    q3_split_tokens(T, REM_MAX, &tv, &rem);
-    if (tv == 0) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 0, rem);
-    else if (tv == 1) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 1, rem);
-    else if (tv == 2) gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 2, rem);
-    else gemm_tb(out, ldo, ap, T, W, r0, r1, wbuf, 3, rem);
 }
 #pragma GCC pop_options

@@ -10,7 +10,8 @@
 enum { Q3_NR = 16, Q3_KC = 256, Q3_MR = 6, Q3_MR_MAX = 14 };
 /* Kernels with tokens in vector lanes (the A8 and weights-broadcast GEMMs):
  * tokens per activation panel, longest reduction. Longer products run as
- * several passes of Q3_LANE_TOKENS tokens. */
+ * several passes of Q3_LANE_TOKENS tokens (of bc_max_t where gemm_bc is
+ * the only lane kernel). */
 enum { Q3_LANE_TOKENS = 48, Q3_LANE_KMAX = 8192 };
 /* Most tokens any ISA's gemm_bc takes in one pass (bc_max_t). */
 enum { Q3_BC_TOKENS_MAX = 128 };
@@ -97,14 +98,15 @@ typedef struct {
      * K % 16 == 0, 2 .. bc_max_t tokens, K <= Q3_LANE_KMAX; NULL: not
      * available): bc_pack_act writes the T rows of x as ap[K][TP] (TP = T
      * rounded up to 16, 8 on AVX2; padding zero; its k order may depend on
-     * the weights' dtype wt; on AVX-512 the last few tokens instead follow
-     * as rows, at most T * K + 16 * 16 floats in all);
+     * the weights' dtype wt; on AVX-512 chunks of 48 tokens, each one's
+     * last few tokens as rows: at most Q3_BC_TOKENS_MAX * K + 16 * 16
+     * floats in all);
      * gemm_bc computes out[t][r], r in [r0, r1), t < T, widening each
      * weight row once (wbuf: Q3_NR * (K + 16) floats of scratch). */
     void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
     /* bc_mx: gemm_bc also takes MX weights (cols % 64 == 0). lane_split:
-     * products of more than Q3_LANE_TOKENS tokens run as several passes of
-     * the lane GEMMs (else they take the panel GEMM). */
+     * longer products run as several passes of the lane GEMMs (else they
+     * take the panel GEMM). */
     int bc_mx, lane_split;
     /* Most tokens gemm_bc takes (<= Q3_BC_TOKENS_MAX; 0: Q3_LANE_TOKENS);
      * fewest it takes for plain dtypes (fewer go to gemm_small). */

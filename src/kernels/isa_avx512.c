@@ -434,7 +434,7 @@ static void swiglu(float *out, const float *gate, const float *up, int n) {
 const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
     .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc,
-    .lane_split = 1,
+    .lane_split = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
     /* MXINT8 inputs: AVX2's integer GEMV and GEMM (256-bit; not measured on AVX-512 machines yet). */
     .i8_prep = q3_avx2_i8_prep, .gemv_i8 = q3_avx2_gemv_i8, .i8_pack_act = q3_avx2_i8_pack_act, .gemm_i8 = q3_avx2_gemm_i8};
 #pragma GCC pop_options

@@ -349,5 +349,6 @@ void q3_avx512bf16_a8_kernels(q3_isa_kernels *k) {
     k->gemm_a8 = gemm_a8;
     k->bf16_pack_act = q3_avx512bf16_bf16_pack_act;
     k->gemm_bf16 = q3_avx512bf16_gemm_bf16;
+    k->bc_max_t = 0; /* lane passes of Q3_LANE_TOKENS, what the bf16 kernels take */
 }
 #pragma GCC pop_options

@@ -241,7 +241,7 @@ static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local float *ap, *wbuf;
     static _Thread_local act_key have;
     if (!ap) {
-        ap = q3_malloc((size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX * sizeof *ap);
+        ap = q3_malloc(((size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX + 16 * 16) * sizeof *ap);
         wbuf = q3_malloc((size_t)Q3_NR * (Q3_LANE_KMAX + 16) * sizeof *wbuf);
     }
     if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, jb->W->dtype);
@@ -349,14 +349,28 @@ static void run_pass(const q3_mm_job *jobs, int n);
  * 48 + 16, so no pass streams all the weights for a few tokens. Measured
  * (kernel_bench moe-prefill, P = 1024): gate+up the same, down 2-4 %
  * faster. */
+/* Tokens per lane pass (a multiple of 16) for reductions of K: what
+ * gemm_bc takes, as long as the pass's packed activations (4 K bytes per
+ * token) fit in 1 MiB, about half a core's L2 on the AVX-512 machine
+ * measured, and that is at least two passes of Q3_LANE_TOKENS; else
+ * Q3_LANE_TOKENS, which is also all the bf16 kernels take. kernel_bench
+ * (AVX-512, T = 512), passes of 128 tokens against 48: K = 2048 247-288
+ * -> 286-312 GFLOP/s, but K = 4096 259-285 -> 217-220 (2 MiB of
+ * activations, out of L2), and as 64-token passes 219-253. */
+static int lane_pass_tokens(int K) {
+    if (!g_k->bc_max_t || g_k->gemm_a8 || g_k->gemm_bf16) return Q3_LANE_TOKENS;
+    const int fit = (int)((1u << 20) / (4u * (unsigned)K)) / 16 * 16;
+    return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
+}
+
 static int run_lane_chunked(const q3_mm_job *jobs, int n) {
     enum { MAX_JOBS = 512 };
     int npass = 0, share[MAX_JOBS];
     if (n > MAX_JOBS || !g_k->lane_split) return 0;
     for (int j = 0; j < n; j++) {
         if (!(g_k->gemm_a8 && a8_shape_ok(jobs[j].W, Q3_LANE_KMAX)) && !bc_shape_ok(jobs[j].W)) return 0;
-        const int np = (jobs[j].T + Q3_LANE_TOKENS - 1) / Q3_LANE_TOKENS;
-        share[j] = np ? ((jobs[j].T + np - 1) / np + 15) / 16 * 16 : 0; /* <= Q3_LANE_TOKENS, a multiple of 16 */
+        const int lim = lane_pass_tokens(jobs[j].W->cols), np = (jobs[j].T + lim - 1) / lim;
+        share[j] = np ? ((jobs[j].T + np - 1) / np + 15) / 16 * 16 : 0; /* <= lim, a multiple of 16 */
         if (np > npass) npass = np;
     }
     if (npass <= 1) return 0;

@@ -97,7 +97,7 @@ static void test_matmul(void) {
         check_matmul(Q3_F32, 2, 18, 32);
         check_matmul(Q3_BF16, 13, 33, 64); /* odd row count: packed path */
         check_matmul(Q3_BF16, 40, 300, 512); /* big enough to run multi-threaded */
-        check_matmul(Q3_BF16, 100, 50, 256);  /* tokens-in-lanes kernels: several passes of 48 */
+        check_matmul(Q3_BF16, 100, 50, 256);  /* tokens-in-lanes kernels: one pass, or several of 48 */
         check_matmul(Q3_BF16, 64, 40, 128);   /* two equal passes of 32 */
         check_matmul(Q3_F32, 49, 21, 96);
         check_matmul(Q3_F16, 33, 9, 160);
@@ -121,6 +121,12 @@ static void test_matmul(void) {
         check_matmul(Q3_F16, 6, 17, 96);
         check_matmul(Q3_F32, 21, 9, 768);
         check_matmul(Q3_BF16, 38, 19, 2048);
+        /* AVX-512 fp32 lanes in chunks of 48 against the same widened rows:
+         * two chunks (the second a remainder of 4), three with a padded
+         * last one, the most one call takes. */
+        check_matmul(Q3_BF16, 52, 21, 768);
+        check_matmul(Q3_F16, 111, 13, 96);
+        check_matmul(Q3_F32, 128, 11, 160);
         /* The AVX2 weights-broadcast GEMM takes up to 128 tokens: odd and
          * even token-vector counts, K past one column block with a short
          * last block, the first size past its limit (panel GEMM). */
