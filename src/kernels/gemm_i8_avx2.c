@@ -32,8 +32,9 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-void q3_avx2_i8_pack_act(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K) {
-    const int TP = (T + 7) & ~7;
+/* The layout above for TP lanes (T rounded up to the kernel's vector;
+ * the AVX-512 VNNI GEMM uses it with 16). */
+void q3_i8_pack_lanes(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K, int TP) {
     int8_t q[32];
     for (int t = 0; t < TP; t++) {
         uint8_t *a = (uint8_t *)ap;
@@ -48,9 +49,13 @@ void q3_avx2_i8_pack_act(uint32_t *ap, float *fs, const float *x, size_t ldx, in
     }
 }
 
+void q3_avx2_i8_pack_act(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K) {
+    q3_i8_pack_lanes(ap, fs, x, ldx, T, K, (T + 7) & ~7);
+}
+
 /* One MXFP4 row as twice its E2M1 values (int8, stored order), each block's
  * sum of them, and each block's factor (q3_mx_scale_table(Q3_MXFP4)). */
-static void decode_row(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float *wsc) {
+void q3_i8_decode_row(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float *wsc) {
     const int K = W->cols, nb = K / 32;
     const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (size_t)(K / 2), *sc = W->scales + (size_t)r * nb;
     const float *tab = q3_mx_scale_table(Q3_MXFP4);
@@ -137,7 +142,7 @@ void q3_avx2_gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs
     int8_t *wq = wbuf;                                          /* Q3_NR rows of K */
     int32_t *wsum = (int32_t *)(void *)(wq + (size_t)Q3_NR * K); /* Q3_NR rows of nb */
     float *wsc = (float *)(wsum + (size_t)Q3_NR * nb);
-    for (int r = 0; r < nr; r++) decode_row(W, r0 + r, wq + (size_t)r * K, wsum + (size_t)r * nb, wsc + (size_t)r * nb);
+    for (int r = 0; r < nr; r++) q3_i8_decode_row(W, r0 + r, wq + (size_t)r * K, wsum + (size_t)r * nb, wsc + (size_t)r * nb);
     for (int r = 0; r < nr; r += 2) {
         const int r1_ = r + 1 < nr ? r + 1 : r; /* an odd last row pairs with itself */
         for (int v0 = 0; v0 < V; v0 += 2) {

@@ -173,7 +173,9 @@ void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1
 /* 32 inputs as MXINT8 codes; returns the block factor 2^(shared - 6), NaN
  * (codes 0) for a non-finite block. */
 float q3_avx2_i8_quant_block(const float *x, int8_t q[32]);
-/* gemm_i8_avx2.c */
+/* gemm_i8_avx2.c (the pack and the row decoder, shared with the VNNI GEMM) */
+void q3_i8_pack_lanes(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K, int TP);
+void q3_i8_decode_row(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float *wsc);
 void q3_avx2_i8_pack_act(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K);
 void q3_avx2_gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs, int T, const q3_mat *W, int r0, int r1,
                      void *wbuf);
@@ -184,6 +186,9 @@ void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1
 void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
+/* Fills in the integer GEMM entries of an AVX-512 table with the VNNI
+ * kernel (gemm_i8_avx512vnni.c; CPUs with AVX512_VNNI and AVX512BW only). */
+void q3_avx512vnni_i8_kernels(q3_isa_kernels *k);
 
 /* Pack W[r0 .. r0+nr) x [k0 .. k0+kc) transposed into Bp[kc][NR] fp32, zero-padding rows >= nr. */
 void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc);

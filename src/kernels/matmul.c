@@ -14,7 +14,8 @@
 static const q3_isa_kernels *g_k = &q3_kernels_scalar;
 static q3_isa g_isa = Q3_ISA_SCALAR;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static q3_isa_kernels g_avx512bf16; /* the AVX-512 table plus the A8 kernels */
+static q3_isa_kernels g_avx512;     /* the AVX-512 table, plus the VNNI integer GEMM where the CPU has it */
+static q3_isa_kernels g_avx512bf16; /* that plus the A8 kernels */
 /* Counts matmul passes: an A8 input widened to bf16 by a thread stays
  * valid for the rest of the pass (inputs do not change within one). */
 static unsigned long long g_pass;
@@ -41,13 +42,16 @@ static void set_isa(q3_isa isa) {
     if (isa > best) isa = best;
     g_isa = isa;
     g_k = isa == Q3_ISA_AVX512BF16 ? &g_avx512bf16
-          : isa == Q3_ISA_AVX512   ? &q3_kernels_avx512
+          : isa == Q3_ISA_AVX512   ? &g_avx512
           : isa == Q3_ISA_AVX2     ? &q3_kernels_avx2
                                    : &q3_kernels_scalar;
 }
 
 static void init_once(void) {
-    g_avx512bf16 = q3_kernels_avx512;
+    g_avx512 = q3_kernels_avx512;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        q3_avx512vnni_i8_kernels(&g_avx512);
+    g_avx512bf16 = g_avx512;
     q3_avx512bf16_a8_kernels(&g_avx512bf16);
     q3_isa isa = best_supported();
     const char *env = getenv("Q3MOE_ISA");

@@ -190,6 +190,39 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
     free(el), free(sc), free(row), free(wf), free(x), free(out);
 }
 
+/* The integer GEMM's variants (AVX2; AVX-512 VNNI where the CPU has it)
+ * do the same exact integer sums and the same scaling in the same order:
+ * their outputs must agree bit for bit, for whole and partial token
+ * vectors and row tails. */
+static void test_i8_gemm_variants_agree(void) {
+    enum { M = 23, K = 256, TMAX = 45 };
+    const size_t eb = q3_mx_elem_bytes(Q3_MXFP4, K);
+    uint8_t *el = malloc(M * eb), *sc = malloc(M * K / 32);
+    float *row = malloc(K * sizeof(float)), *x = malloc((size_t)TMAX * K * sizeof(float));
+    float *o2 = malloc((size_t)TMAX * M * sizeof(float)), *o5 = malloc((size_t)TMAX * M * sizeof(float));
+    for (int r = 0; r < M; r++) {
+        for (int k = 0; k < K; k++) row[k] = frand() * 2.0f;
+        CHECK(q3_mx_quantize_row(Q3_MXFP4, row, K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
+    }
+    for (int t = 0; t < TMAX; t++) {
+        for (int k = 0; k < K; k++) x[(size_t)t * K + k] = frand() * (k % 31 == 0 ? 50.0f : 1.0f);
+        CHECK(q3_mx_fake_quant_row(Q3_MXINT8, x + (size_t)t * K, K, x + (size_t)t * K) == 0);
+    }
+    q3_mat W = {.data = el, .dtype = Q3_MXFP4, .rows = M, .cols = K, .scales = sc, .a8 = 1, .ai8 = 1};
+    static const int Ts[] = {7, 16, 17, 33, 45};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        q3_kernels_force(Q3_ISA_AVX2);
+        if (q3_kernels_isa() != Q3_ISA_AVX2) break;
+        q3_matmul(o2, x, Ts[i], &W);
+        q3_kernels_force(Q3_ISA_AVX512);
+        if (q3_kernels_isa() != Q3_ISA_AVX512) break;
+        q3_matmul(o5, x, Ts[i], &W);
+        CHECK(memcmp(o2, o5, (size_t)Ts[i] * M * sizeof(float)) == 0);
+    }
+    q3_kernels_force(Q3_ISA_COUNT - 1);
+    free(el), free(sc), free(row), free(x), free(o2), free(o5);
+}
+
 static void check_mx(q3_dtype dt, int T, int M, int K) {
     check_mx_a8(dt, T, M, K, Q3_F32, 1);
     check_mx_a8(dt, T, M, K, Q3_MXFP8, 1);
@@ -579,6 +612,7 @@ int main(void) {
     test_strided();
     test_i8_prep();
     test_mx_matmul();
+    test_i8_gemm_variants_agree();
     test_attention();
     test_attention_decode();
     test_attention_tiles();
