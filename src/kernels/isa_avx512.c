@@ -53,71 +53,9 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
     }
 }
 
-/* Sixteen E4M3 codes -> value * 2^-120 (see isa_avx2.c's e4m3x8). */
-INLINE __m512 e4m3x16(const uint8_t *p) {
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x7f)), 20);
-    const __m512i sgn = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
-    return _mm512_castsi512_ps(_mm512_or_si512(mag, sgn));
-}
-
-/* 64 E2M1 codes (32 bytes, element 2i in the low nibble) -> 2 * value,
- * as four vectors of 16 in element order. */
-INLINE void e2m1x64(const uint8_t *p, __m512 out[4]) {
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i b = _mm256_loadu_si256((const __m256i *)p);
-    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(b, m4));
-    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4));
-    /* unpack works per 128-bit lane: lane 0 holds bytes 0..15 (elements 0..31), lane 1 bytes 16..31. */
-    const __m256i e0 = _mm256_unpacklo_epi8(lo, hi), e1 = _mm256_unpackhi_epi8(lo, hi);
-    out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(e0)));
-    out[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(e1)));
-    out[2] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(e0, 1)));
-    out[3] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(e1, 1)));
-}
-
-/* MX GEMV, 64 elements (two scale blocks) per step. */
-static void gemv_mx(float *out, const float *x, const q3_mat *W, int r0, int r1) {
-    const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
-    const float *stab = q3_mx_scale_table(W->dtype);
-    const size_t row_bytes = fp4 ? (size_t)K / 2 : (size_t)K, pf = q3_pf_weights(row_bytes), spf = q3_pf_scales((size_t)nb);
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *el = (const uint8_t *)W->data + (size_t)r * row_bytes, *sc = W->scales + (size_t)r * nb;
-        _mm_prefetch((const char *)sc + spf, _MM_HINT_T0);
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-        int b = 0;
-        for (; b + 2 <= nb; b += 2) {
-            const float *xb = x + b * 32;
-            __m512 e[4];
-            if (fp4) {
-                if (b & 2) _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
-                e2m1x64(el + b * 16, e);
-            } else {
-                const uint8_t *p = el + b * 32;
-                _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
-                e[0] = e4m3x16(p), e[1] = e4m3x16(p + 16), e[2] = e4m3x16(p + 32), e[3] = e4m3x16(p + 48);
-            }
-            const __m512 s0 = _mm512_fmadd_ps(e[1], _mm512_loadu_ps(xb + 16), _mm512_mul_ps(e[0], _mm512_loadu_ps(xb)));
-            const __m512 s1 = _mm512_fmadd_ps(e[3], _mm512_loadu_ps(xb + 48), _mm512_mul_ps(e[2], _mm512_loadu_ps(xb + 32)));
-            acc0 = _mm512_fmadd_ps(s0, _mm512_set1_ps(stab[sc[b]]), acc0);
-            acc1 = _mm512_fmadd_ps(s1, _mm512_set1_ps(stab[sc[b + 1]]), acc1);
-        }
-        float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-        if (b < nb) { /* an odd last block */
-            float row[32];
-            q3_mat_row_f32(W, r, b * 32, 32, row);
-            for (int k = 0; k < 32; k++) s += row[k] * x[b * 32 + k];
-        }
-        out[r - r0] = s;
-    }
-}
-
 static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
-    if (q3_dtype_is_mxfp(W->dtype) && W->cs <= 1 && W->cols % 32 == 0) {
-        gemv_mx(out, x, W, r0, r1);
-        return;
-    }
+    /* MX weights (the shapes the prepared GEMV does not take) and column
+     * slices: AVX2's GEMV. */
     if (W->cs > 1 || q3_dtype_is_mx(W->dtype)) {
         q3_kernels_avx2.gemv(out, x, W, r0, r1);
         return;
