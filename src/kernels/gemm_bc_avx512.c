@@ -1,6 +1,7 @@
-/* AVX-512 weights-broadcast GEMM for plain-dtype weights (BF16, F16, F32)
- * and fp32 activations: the prefill kernel for few to a few dozen tokens
- * per weight matrix (each MoE expert sees about T * top_k / num_experts).
+/* AVX-512 weights-broadcast GEMM for BF16, F16, F32 and MX weights (MX
+ * rows widened by the AVX2 decoders) and fp32 activations: the prefill
+ * kernel for up to 128 tokens per weight matrix (each MoE expert sees
+ * about T * top_k / num_experts; longer products run as passes).
  *
  * Why this shape: the classic panel GEMM transposes every weight panel
  * into a packed buffer, a cost paid per weight element that only pays off
@@ -21,6 +22,8 @@
 #include "kernels/isa.h"
 #include "kernels/lane_rem.h"
 #include "kernels/lane_store.h"
+#include "quant/mx.h"
+#include "util/error.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -58,8 +61,16 @@ static int chunk_of(int T) {
 /* One chunk of T <= CHUNK tokens at ap: the lane panel ap[k][t] = x[t][k]
  * for t < 16 * tv, one gather per 16 tokens and k (lanes past T are zero;
  * the scalar transposition took 6 % of prefill), then the rem remainder
- * tokens as rows of K floats, K + PAD apart. */
-static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K) {
+ * tokens as rows of K floats, K + PAD apart. For MXFP8 / MXFP4 weights
+ * (wt), whose rows widen in the AVX2 decoders' element order, the token
+ * rows are first permuted to that order (q3_avx2_mx_prep, exact). */
+static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+    static _Thread_local float *perm; /* CHUNK permuted rows; prefill only, kept for the thread's life */
+    if (q3_dtype_is_mxfp(wt)) {
+        if (!perm) perm = q3_malloc((size_t)CHUNK * Q3_LANE_KMAX * sizeof *perm);
+        for (int t = 0; t < T; t++) q3_avx2_mx_prep(perm + (size_t)t * K, x + (size_t)t * ldx, K, wt);
+        x = perm, ldx = (size_t)K;
+    }
     int tv, rem;
     q3_split_tokens(T, REM_MAX, &tv, &rem);
     const int TP = 16 * tv;
@@ -81,15 +92,24 @@ static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K) {
 
 /* Chunk c (tokens t0 = c * CHUNK on) at ap + t0 * K: at most T * K + REM_MAX * PAD floats in all. */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
-    (void)wt; /* plain dtypes only: stored order */
     const int cs = chunk_of(T);
-    for (int t0 = 0; t0 < T; t0 += cs) pack_chunk(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, T - t0 < cs ? T - t0 : cs, K);
+    for (int t0 = 0; t0 < T; t0 += cs) pack_chunk(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, T - t0 < cs ? T - t0 : cs, K, wt);
 }
 
-/* Row r of W widened to fp32 (contiguous rows, K % 16 == 0). */
+/* Row r of W widened to fp32 (contiguous rows, K % 16 == 0; MX rows: K %
+ * 64 == 0, MXFP8 / MXFP4 in q3_avx2_mx_prep's element order, MXINT8 in
+ * stored order, block scales applied). */
 static void widen_row(float *dst, const q3_mat *W, int r) {
     const int K = W->cols;
     const size_t rs = W->rs ? W->rs : (size_t)K;
+    if (q3_dtype_is_mxfp(W->dtype)) {
+        q3_avx2_mx_row_slots(W, r, dst);
+        return;
+    }
+    if (q3_dtype_is_mx(W->dtype)) {
+        q3_avx2_row_f32(W, r, 0, K, dst);
+        return;
+    }
     if (W->dtype == Q3_F32) {
         memcpy(dst, (const float *)W->data + (size_t)r * rs, (size_t)K * sizeof(float));
         return;
@@ -214,7 +234,9 @@ static void chunk_rows(float *st, int ts, const float *apc, int tc, int K, const
 
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
     const int K = W->cols;
-    const size_t es = W->dtype == Q3_F32 ? 4 : 2, rs = (W->rs ? W->rs : (size_t)K) * es;
+    /* bytes of a row's elements (MX: without its scales), for the next rows' prefetch */
+    const size_t rs = q3_dtype_is_mx(W->dtype) ? q3_mx_elem_bytes(W->dtype, (size_t)K)
+                                               : (W->rs ? W->rs : (size_t)K) * (W->dtype == Q3_F32 ? 4 : 2);
     /* Stage row: each chunk's tokens (the last one's padded lanes too). */
     int tv, rem, ts;
     const int cs = chunk_of(T), last = (T - 1) / cs * cs;
@@ -229,8 +251,7 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
         for (int r = 0; r < ROWS; r++) /* rows past R repeat the last one; their results are dropped */
             widen_row(wbuf + (size_t)r * (K + PAD), W, rg + (r < R ? r : R - 1));
         const int nrows = W->rows - (rg + ROWS) < ROWS ? W->rows - (rg + ROWS) : ROWS;
-        next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + ROWS) * rs,
-                                    nrows > 0 ? (size_t)(nrows - 1) * rs + (size_t)K * es : 0, steps);
+        next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + ROWS) * rs, nrows > 0 ? (size_t)nrows * rs : 0, steps);
         float *st = stage + (size_t)at * ts;
         for (int t0 = 0; t0 < T; t0 += cs) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, T - t0 < cs ? T - t0 : cs, K, wbuf, &nx);
         if (at + ROWS == Q3_STAGE_ROWS || rg + ROWS >= r1) /* a full stage, or the last rows */

@@ -372,7 +372,7 @@ static void swiglu(float *out, const float *gate, const float *up, int n) {
 const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
     .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc,
-    .lane_split = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
+    .bc_mx = 1, .lane_split = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
     /* MX GEMV on a prepared input: AVX2's shift/mask decoders (kernel_bench mx 768 2048, one thread, Intel
      * Xeon: MXFP8 17.2 against 10.5-12.3 G elements/s for gemv_mx here, MXFP4 17.4 against 16.1). */
     .a8_prep_any = 1, .a8_prep = q3_avx2_mx_prep, .gemv_a8 = q3_avx2_gemv_mx,
