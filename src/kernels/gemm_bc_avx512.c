@@ -42,6 +42,9 @@ enum { REM_MAX = 6 };
  * sets, and a step reads one line of each. */
 enum { PAD = 16 };
 
+/* Columns widened at a time for plain rows: 8 rows of 512 floats, 16 KiB. */
+enum { BLOCK = 512 };
+
 /* Tokens per chunk: a product of up to Q3_BC_TOKENS_MAX tokens runs as
  * chunks of 3 token vectors (the tile's most) against each group of
  * widened rows, so those rows are read and widened once for all of them.
@@ -99,10 +102,10 @@ void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, 
 /* Row r of W widened to fp32 (contiguous rows, K % 16 == 0; MX rows: K %
  * 64 == 0, MXFP8 / MXFP4 in q3_avx2_mx_prep's element order, MXINT8 in
  * stored order, block scales applied). */
-static void widen_row(float *dst, const q3_mat *W, int r) {
+static void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
     const int K = W->cols;
     const size_t rs = W->rs ? W->rs : (size_t)K;
-    if (q3_dtype_is_mxfp(W->dtype)) {
+    if (q3_dtype_is_mxfp(W->dtype)) { /* whole rows only */
         q3_avx2_mx_row_slots(W, r, dst);
         return;
     }
@@ -111,11 +114,11 @@ static void widen_row(float *dst, const q3_mat *W, int r) {
         return;
     }
     if (W->dtype == Q3_F32) {
-        memcpy(dst, (const float *)W->data + (size_t)r * rs, (size_t)K * sizeof(float));
+        memcpy(dst, (const float *)W->data + (size_t)r * rs + k0, (size_t)n * sizeof(float));
         return;
     }
-    const uint16_t *src = (const uint16_t *)W->data + (size_t)r * rs;
-    for (int k = 0; k < K; k += 16) {
+    const uint16_t *src = (const uint16_t *)W->data + (size_t)r * rs + k0;
+    for (int k = 0; k < n; k += 16) {
         const __m256i h = _mm256_loadu_si256((const __m256i *)(src + k));
         const __m512 v = W->dtype == Q3_F16 ? _mm512_cvtph_ps(h)
                                             : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -152,21 +155,21 @@ INLINE void next_rows_step(next_rows *nx) {
 }
 
 /* stage[r * ts + t] for r < ROWS, t < 16 * TB, from ROWS widened rows wb[r * (K + PAD) ..]. */
-INLINE void tile(float *stage, int ts, const float *ap, int K, const float *wb, const int TB, next_rows *nx) {
+INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const float *wb, int ws, const int TB, next_rows *nx) {
     const int TP = 16 * TB;
     __m512 acc[ROWS][3];
 #pragma GCC unroll 8
     for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 3
-        for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k++) {
+        for (int tb = 0; tb < TB; tb++) acc[r][tb] = k0 ? _mm512_loadu_ps(stage + (size_t)r * ts + 16 * tb) : _mm512_setzero_ps();
+    for (int k = 0; k < kc; k++) {
         next_rows_step(nx);
         __m512 a[3];
 #pragma GCC unroll 3
-        for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(ap + (size_t)k * TP + 16 * tb);
+        for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(ap + (size_t)(k0 + k) * TP + 16 * tb);
 #pragma GCC unroll 8
         for (int r = 0; r < ROWS; r++) {
-            const __m512 w = _mm512_set1_ps(wb[(size_t)r * (K + PAD) + k]);
+            const __m512 w = _mm512_set1_ps(wb[(size_t)r * ws + k]);
 #pragma GCC unroll 3
             for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
         }
@@ -181,21 +184,22 @@ INLINE void tile(float *stage, int ts, const float *ap, int K, const float *wb, 
  * ROWS widened rows with NT token rows xr[j * (K + PAD) ..], 16 k per step
  * (24 accumulators; each token vector loaded once for 8 rows, as in the
  * tile). */
-INLINE void rem_dot(float *stage, int ts, const float *wb, const float *xr, int K, const int NT, next_rows *nxp) {
+INLINE void rem_dot(__m512 *part, const float *wb, int ws, const float *xr, int K, int k0, int kc, const int NT,
+                    next_rows *nxp) {
     next_rows nx = *nxp;
     __m512 acc[ROWS][3];
 #pragma GCC unroll 8
     for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 3
-        for (int j = 0; j < NT; j++) acc[r][j] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k += 16) {
+        for (int j = 0; j < NT; j++) acc[r][j] = k0 ? part[r * REM_MAX + j] : _mm512_setzero_ps();
+    for (int k = 0; k < kc; k += 16) {
         next_rows_step(&nx);
         __m512 x[3];
 #pragma GCC unroll 3
-        for (int j = 0; j < NT; j++) x[j] = _mm512_loadu_ps(xr + (size_t)j * (K + PAD) + k);
+        for (int j = 0; j < NT; j++) x[j] = _mm512_loadu_ps(xr + (size_t)j * (K + PAD) + k0 + k);
 #pragma GCC unroll 8
         for (int r = 0; r < ROWS; r++) {
-            __m512 w = _mm512_loadu_ps(wb + (size_t)r * (K + PAD) + k);
+            __m512 w = _mm512_loadu_ps(wb + (size_t)r * ws + k);
             /* One load per row into a register: GCC otherwise folds it into
              * each of the NT FMAs, and those indexed memory operands ran
              * the remainder at 2/3 of this rate (T = 12: 86 -> 123 GFLOP/s). */
@@ -207,29 +211,35 @@ INLINE void rem_dot(float *stage, int ts, const float *wb, const float *xr, int 
 #pragma GCC unroll 8
     for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 3
-        for (int j = 0; j < NT; j++) stage[(size_t)r * ts + j] = _mm512_reduce_add_ps(acc[r][j]);
+        for (int j = 0; j < NT; j++) part[r * REM_MAX + j] = acc[r][j];
     *nxp = nx;
 }
 
 /* All rem token rows against the ROWS widened rows, into stage[r * ts + j]. */
-static void rem_dots(float *stage, int ts, const float *wb, const float *xr, int rem, int K, next_rows *nx) {
+/* part[r * REM_MAX + j]: running 16-lane sums of row r and token j. */
+static void rem_dots(__m512 *part, const float *wb, int ws, const float *xr, int rem, int K, int k0, int kc, next_rows *nx) {
     for (int j = 0; j < rem; j += 3) {
         const float *xj = xr + (size_t)j * (K + PAD);
-        if (rem - j >= 3) rem_dot(stage + j, ts, wb, xj, K, 3, nx);
-        else if (rem - j == 2) rem_dot(stage + j, ts, wb, xj, K, 2, nx);
-        else rem_dot(stage + j, ts, wb, xj, K, 1, nx);
+        if (rem - j >= 3) rem_dot(part + j, wb, ws, xj, K, k0, kc, 3, nx);
+        else if (rem - j == 2) rem_dot(part + j, wb, ws, xj, K, k0, kc, 2, nx);
+        else rem_dot(part + j, wb, ws, xj, K, k0, kc, 1, nx);
     }
 }
 
 /* One chunk (tc tokens, packed at apc) against the widened rows, into
  * stage columns from st. */
-static void chunk_rows(float *st, int ts, const float *apc, int tc, int K, const float *wbuf, next_rows *nx) {
+static void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k0, int kc, const float *wb, int ws,
+                       __m512 *part, next_rows *nx) {
     int tv, rem;
     q3_split_tokens(tc, REM_MAX, &tv, &rem);
-    if (tv == 1) tile(st, ts, apc, K, wbuf, 1, nx);
-    else if (tv == 2) tile(st, ts, apc, K, wbuf, 2, nx);
-    else if (tv == 3) tile(st, ts, apc, K, wbuf, 3, nx);
-    if (rem) rem_dots(st + 16 * tv, ts, wbuf, apc + (size_t)K * 16 * tv, rem, K, nx);
+    if (tv == 1) tile(st, ts, apc, k0, kc, wb, ws, 1, nx);
+    else if (tv == 2) tile(st, ts, apc, k0, kc, wb, ws, 2, nx);
+    else if (tv == 3) tile(st, ts, apc, k0, kc, wb, ws, 3, nx);
+    if (!rem) return;
+    rem_dots(part, wb, ws, apc + (size_t)K * 16 * tv, rem, K, k0, kc, nx);
+    if (k0 + kc == K)
+        for (int r = 0; r < ROWS; r++)
+            for (int j = 0; j < rem; j++) st[(size_t)r * ts + 16 * tv + j] = _mm512_reduce_add_ps(part[r * REM_MAX + j]);
 }
 
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
@@ -245,15 +255,26 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
     /* Steps of k over which the next rows are prefetched: the first chunk's tile, or its remainder's. */
     q3_split_tokens(T < cs ? T : cs, REM_MAX, &tv, &rem);
     const int steps = tv ? K : (K / 16) * ((rem + 2) / 3);
+    /* Plain rows widen BLOCK columns at a time, so the 8 rows' block stays
+     * in L1 for every chunk; MX rows widen whole (their decoders' order
+     * spans each row). */
+    const int mx = q3_dtype_is_mx(W->dtype), KB = mx ? K : BLOCK, ws = mx ? K + PAD : BLOCK + PAD;
     float stage[Q3_STAGE_ROWS * Q3_BC_TOKENS_MAX] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += ROWS) {
         const int R = r1 - rg < ROWS ? r1 - rg : ROWS, at = (rg - r0) % Q3_STAGE_ROWS;
-        for (int r = 0; r < ROWS; r++) /* rows past R repeat the last one; their results are dropped */
-            widen_row(wbuf + (size_t)r * (K + PAD), W, rg + (r < R ? r : R - 1));
         const int nrows = W->rows - (rg + ROWS) < ROWS ? W->rows - (rg + ROWS) : ROWS;
         next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + ROWS) * rs, nrows > 0 ? (size_t)nrows * rs : 0, steps);
         float *st = stage + (size_t)at * ts;
-        for (int t0 = 0; t0 < T; t0 += cs) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, T - t0 < cs ? T - t0 : cs, K, wbuf, &nx);
+        __m512 part[ROWS * REM_MAX];
+        for (int k0 = 0; k0 < K; k0 += KB) {
+            const int kc = K - k0 < KB ? K - k0 : KB;
+            if (!mx || k0 == 0)
+                for (int r = 0; r < ROWS; r++) /* rows past R repeat the last one; their results are dropped */
+                    widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
+            const float *wb = mx ? wbuf + k0 : wbuf;
+            for (int t0 = 0; t0 < T; t0 += cs)
+                chunk_rows(st + t0, ts, ap + (size_t)t0 * K, T - t0 < cs ? T - t0 : cs, K, k0, kc, wb, ws, part, &nx);
+        }
         if (at + ROWS == Q3_STAGE_ROWS || rg + ROWS >= r1) /* a full stage, or the last rows */
             q3_lane_store(out + (rg - r0 - at), ldo, stage, ts, T, at + R);
     }
