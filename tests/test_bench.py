@@ -221,6 +221,19 @@ def test_membw_only(tmp_path):
     assert "model" not in r and "prefill" not in r
 
 
+def test_kernels_reported(report, tmp_path):
+    """The table and the JSON name the kernels in use; Q3MOE_ISA=scalar forces the scalar ones."""
+    r, stdout, _, _ = report
+    kernels = r["machine"]["kernels"]
+    assert kernels.split("+")[0] in ("scalar", "avx2", "avx512", "avx512bf16")
+    assert f"; kernels {kernels}" in stdout
+    out = tmp_path / "s.json"
+    p = run([Q3MOE, "bench", "--membw", "--membw-mb", "8", "-t", "1", "--json", out],
+            env={**os.environ, "Q3MOE_ISA": "scalar"})
+    assert json.loads(out.read_text())["machine"]["kernels"] == "scalar"
+    assert "; kernels scalar" in p.stdout
+
+
 @pytest.mark.parametrize("args, needle", [
     (["-p", "100", "--ctx", "64"], "-p"),
     (["-p", "16", "--ctx", "64", "--depth", "60", "-n", "8"], "--depth"),

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "util/error.h"
 
 static double pct(double x, double of) { return of > 0 ? 100.0 * x / of : 0; }
@@ -71,6 +72,7 @@ void bench_print_table(FILE *f, const bench_results *r) {
     }
     fprintf(f, "machine    %s, %d logical cores, %d thread%s", mc->cpu, mc->cores, mc->threads, mc->threads == 1 ? "" : "s");
     if (mc->loadavg >= 0) fprintf(f, ", load average %.2f at start", mc->loadavg);
+    fprintf(f, "; kernels %s", q3_kernels_desc());
     fprintf(f, "\n");
     if (r->has_model) {
         fprintf(f, "context    %d tokens (KV cache)\n", r->ctx);
@@ -195,6 +197,7 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
     set_str(o, "cpu", mc->cpu);
     set_int(o, "cores", mc->cores);
     set_int(o, "threads", mc->threads);
+    set_str(o, "kernels", q3_kernels_desc());
     if (mc->loadavg >= 0) set_num(o, "loadavg_1m", mc->loadavg);
     else json_object_set_new(o, "loadavg_1m", json_null());
     json_object_set_new(root, "fma_peak", o = json_object());

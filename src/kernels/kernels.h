@@ -47,6 +47,9 @@ typedef enum { Q3_ISA_SCALAR = 0, Q3_ISA_AVX2 = 1, Q3_ISA_AVX512 = 2, Q3_ISA_AVX
 void q3_kernels_init(void);
 q3_isa q3_kernels_isa(void);
 const char *q3_isa_name(q3_isa isa);
+/* The kernels in use, for reports: the ISA's name, "+vnni" where the
+ * integer GEMM runs on AVX-512 VNNI (e.g. "avx512+vnni"). */
+const char *q3_kernels_desc(void);
 /* Force an ISA (falls back to the best supported one below it); for tests. */
 void q3_kernels_force(q3_isa isa);
 

@@ -15,6 +15,7 @@ static const q3_isa_kernels *g_k = &q3_kernels_scalar;
 static q3_isa g_isa = Q3_ISA_SCALAR;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static q3_isa_kernels g_avx512;     /* the AVX-512 table, plus the VNNI integer GEMM where the CPU has it */
+static int g_vnni;                  /* it has */
 static q3_isa_kernels g_avx512bf16; /* that plus the A8 kernels */
 /* Counts matmul passes: an A8 input widened to bf16 by a thread stays
  * valid for the rest of the pass (inputs do not change within one). */
@@ -49,8 +50,8 @@ static void set_isa(q3_isa isa) {
 
 static void init_once(void) {
     g_avx512 = q3_kernels_avx512;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
-        q3_avx512vnni_i8_kernels(&g_avx512);
+    g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+    if (g_vnni) q3_avx512vnni_i8_kernels(&g_avx512);
     g_avx512bf16 = g_avx512;
     q3_avx512bf16_a8_kernels(&g_avx512bf16);
     q3_isa isa = best_supported();
@@ -63,6 +64,12 @@ static void init_once(void) {
 }
 
 void q3_kernels_init(void) { pthread_once(&g_once, init_once); }
+
+const char *q3_kernels_desc(void) {
+    static const char *vnni[] = {"scalar", "avx2", "avx512+vnni", "avx512bf16+vnni"};
+    q3_kernels_init();
+    return g_vnni && g_isa >= Q3_ISA_AVX512 ? vnni[g_isa] : q3_isa_name(g_isa);
+}
 
 void q3_kernels_force(q3_isa isa) {
     q3_kernels_init();
