@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "kernels/isa.h"
+#include "kernels/prefetch.h"
 #include "quant/mx.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -62,6 +63,7 @@ void q3_i8_decode_row(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float *
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int b = 0; b < nb; b += 2) { /* 32 bytes: blocks b and b+1 */
+        if (b % 4 == 0) _mm_prefetch((const char *)el + (size_t)b * 16 + Q3_PF_BYTES, _MM_HINT_T0);
         const __m256i x = _mm256_loadu_si256((const __m256i *)(el + (size_t)b * 16));
         const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(x, m4));
         const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
@@ -70,14 +72,13 @@ void q3_i8_decode_row(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float *
         const __m256i w0 = _mm256_permute2x128_si256(u0, u1, 0x20), w1 = _mm256_permute2x128_si256(u0, u1, 0x31);
         _mm256_storeu_si256((__m256i *)(wq + (size_t)b * 32), w0);
         _mm256_storeu_si256((__m256i *)(wq + (size_t)b * 32 + 32), w1);
-        for (int h = 0; h < 2; h++) {
-            const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, h ? w1 : w0), ones16);
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-            wsum[b + h] = _mm_cvtsi128_si32(s4);
-            wsc[b + h] = tab[sc[b + h]];
-        }
+        /* The block sums: 128-bit lane 0 of lo and hi holds block b, lane 1
+         * block b+1; two horizontal adds leave each lane's total in its
+         * first element. */
+        const __m256i s = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ones8, lo), _mm256_maddubs_epi16(ones8, hi)), ones16);
+        const __m256i h = _mm256_hadd_epi32(s, s), h2 = _mm256_hadd_epi32(h, h);
+        wsum[b] = _mm256_extract_epi32(h2, 0), wsum[b + 1] = _mm256_extract_epi32(h2, 4);
+        wsc[b] = tab[sc[b]], wsc[b + 1] = tab[sc[b + 1]];
     }
 }
 
