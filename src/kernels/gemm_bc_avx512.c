@@ -93,7 +93,9 @@ static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_d
     }
 }
 
-/* Chunk c (tokens t0 = c * CHUNK on) at ap + t0 * K: at most T * K + REM_MAX * PAD floats in all. */
+/* Chunks of chunk_of(T) tokens, the one from token t0 at ap + t0 * K: at
+ * most T * K + REM_MAX * PAD floats in all, or (T rounded up to 16) * K
+ * where the last chunk pads a vector. */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     const int cs = chunk_of(T);
     for (int t0 = 0; t0 < T; t0 += cs) pack_chunk(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, T - t0 < cs ? T - t0 : cs, K, wt);
@@ -153,7 +155,9 @@ INLINE void next_rows_step(next_rows *nx) {
     }
 }
 
-/* stage[r * ts + t] for r < ROWS, t < 16 * TB, from ROWS widened rows wb[r * (K + PAD) ..]. */
+/* stage[r * ts + t] for r < ROWS, t < 16 * TB: columns k0 .. k0 + kc of
+ * the products, from the ROWS widened rows' columns at wb[r * ws ..], added
+ * to the stage's sums of the columns before k0. */
 INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const float *wb, int ws, const int TB, next_rows *nx) {
     const int TP = 16 * TB;
     __m512 acc[ROWS][3];
@@ -179,10 +183,11 @@ INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const fl
         for (int tb = 0; tb < TB; tb++) _mm512_storeu_ps(stage + (size_t)r * ts + 16 * tb, acc[r][tb]);
 }
 
-/* stage[r * ts + j] for r < ROWS, j < NT (<= 3): the dot products of the
- * ROWS widened rows with NT token rows xr[j * (K + PAD) ..], 16 k per step
- * (24 accumulators; each token vector loaded once for 8 rows, as in the
- * tile). */
+/* part[r * REM_MAX + j] for r < ROWS, j < NT (<= 3): the 16-lane partial
+ * dot products of the ROWS widened rows (columns k0 .. k0 + kc at
+ * wb[r * ws ..]) with NT token rows xr[j * (K + PAD) ..], added to those
+ * of the columns before k0; 16 k per step (24 accumulators; each token
+ * vector loaded once for 8 rows, as in the tile). */
 INLINE void rem_dot(__m512 *part, const float *wb, int ws, const float *xr, int K, int k0, int kc, const int NT,
                     next_rows *nxp) {
     next_rows nx = *nxp;
@@ -214,8 +219,7 @@ INLINE void rem_dot(__m512 *part, const float *wb, int ws, const float *xr, int 
     *nxp = nx;
 }
 
-/* All rem token rows against the ROWS widened rows, into stage[r * ts + j]. */
-/* part[r * REM_MAX + j]: running 16-lane sums of row r and token j. */
+/* All rem token rows against the ROWS widened rows' columns k0 .. k0 + kc. */
 static void rem_dots(__m512 *part, const float *wb, int ws, const float *xr, int rem, int K, int k0, int kc, next_rows *nx) {
     for (int j = 0; j < rem; j += 3) {
         const float *xj = xr + (size_t)j * (K + PAD);
@@ -225,8 +229,9 @@ static void rem_dots(__m512 *part, const float *wb, int ws, const float *xr, int
     }
 }
 
-/* One chunk (tc tokens, packed at apc) against the widened rows, into
- * stage columns from st. */
+/* One chunk (tc tokens, packed at apc) against the widened rows' columns
+ * k0 .. k0 + kc, into stage columns from st; the remainder's partial sums
+ * wait in part and are reduced into the stage after the last columns. */
 static void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k0, int kc, const float *wb, int ws,
                        __m512 *part, next_rows *nx) {
     int tv, rem;

@@ -353,13 +353,6 @@ static void run_chunks(const q3_mm_job *jobs, float *const *tiles, int npanels, 
 
 static void run_pass(const q3_mm_job *jobs, int n);
 
-/* Products of more tokens than the tokens-in-lanes GEMMs take run as
- * several passes (when every job can use one). Each job's tokens are split
- * into equal shares, rounded up to whole vectors of 16: an expert of 64
- * tokens (about what each sees in a 1024-token chunk) runs as 32 + 32, not
- * 48 + 16, so no pass streams all the weights for a few tokens. Measured
- * (kernel_bench moe-prefill, P = 1024): gate+up the same, down 2-4 %
- * faster. */
 /* Tokens per lane pass (a multiple of 16) for reductions of K: what
  * gemm_bc takes, as long as the pass's packed activations (4 K bytes per
  * token) fit in 1 MiB, about half a core's L2 on the AVX-512 machine
@@ -374,6 +367,14 @@ static int lane_pass_tokens(int K) {
     return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
 }
 
+/* Products of more tokens than the tokens-in-lanes GEMMs take run as
+ * several passes (when every job can use one). Each job's tokens are split
+ * into equal shares of at most lane_pass_tokens, rounded up to whole
+ * vectors of 16: with passes of 48, an expert of 64 tokens (about what
+ * each sees in a 1024-token chunk) runs as 32 + 32, not 48 + 16, so no
+ * pass streams all the weights for a few tokens. Measured
+ * (kernel_bench moe-prefill, P = 1024): gate+up the same, down 2-4 %
+ * faster. */
 static int run_lane_chunked(const q3_mm_job *jobs, int n) {
     enum { MAX_JOBS = 512 };
     int npass = 0, share[MAX_JOBS];
