@@ -232,7 +232,7 @@ static void rem_dots(__m512 *part, const float *wb, int ws, const float *xr, int
 /* One chunk (tc tokens, packed at apc) against the widened rows' columns
  * k0 .. k0 + kc, into stage columns from st; the remainder's partial sums
  * wait in part and are reduced into the stage after the last columns. */
-static void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k0, int kc, const float *wb, int ws,
+INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k0, int kc, const float *wb, int ws,
                        __m512 *part, next_rows *nx) {
     int tv, rem;
     q3_split_tokens(tc, REM_MAX, &tv, &rem);
@@ -276,8 +276,11 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
                 for (int r = 0; r < ROWS; r++) /* rows past R repeat the last one; their results are dropped */
                     widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
             const float *wb = mx ? wbuf + k0 : wbuf;
-            for (int t0 = 0; t0 < T; t0 += cs)
-                chunk_rows(st + t0, ts, ap + (size_t)t0 * K, T - t0 < cs ? T - t0 : cs, K, k0, kc, wb, ws, part, &nx);
+            for (int t0 = 0; t0 < T; t0 += cs) {
+                const int tc = T - t0 < cs ? T - t0 : cs;
+                if (mx) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, part, &nx);
+                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, part, &nx);
+            }
         }
         if (at + ROWS == Q3_STAGE_ROWS || rg + ROWS >= r1) /* a full stage, or the last rows */
             q3_lane_store(out + (rg - r0 - at), ldo, stage, ts, T, at + R);
