@@ -128,6 +128,28 @@ def test_prefill(report, model):
         assert p["matmul_pct_fma_peak"] == pytest.approx(100 * p["matmul_gflops"] / r["fma_peak"]["gflops"], rel=1e-9)
 
 
+def test_prefill_parts(report, model):
+    """Prefill matmul time and flops per model part: each part's flops are
+    its matrices' weights times the prompt's tokens (the lm_head: the last
+    row only), and the parts' times add up to the matmul total."""
+    r, stdout = report[0], report[1]
+    c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
+    ns = sum(sparse)
+    for p in r["prefill"]:
+        P = p["tokens"]
+        want = {"attention": 2 * P * L * (QD * H + 2 * KVD * H + H * QD), "router": 2 * P * ns * E * H,
+                "experts": 2 * P * ns * K * 3 * c["moe_intermediate_size"] * H,
+                "mlp": 2 * P * (L - ns) * 3 * c.get("intermediate_size", 0) * H, "lm_head": 2 * V * H}
+        want = {k: v for k, v in want.items() if v}
+        parts = p["matmul_parts"]
+        assert sorted(parts) == sorted(want)
+        for k, v in parts.items():
+            assert v["ms"] > 0 and v["gflops"] * v["ms"] * 1e6 == pytest.approx(want[k], rel=1e-9), k
+        total_ms = sum(v["ms"] for v in parts.values())
+        assert total_ms == pytest.approx(p["matmul_flops"] / p["matmul_gflops"] / 1e6, rel=1e-9)
+        assert f"{P} tokens, matmuls by part (ms, GFLOP/s, % peak): attention" in stdout
+
+
 def test_decode(report, model):
     r = report[0]
     c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)

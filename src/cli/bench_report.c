@@ -98,6 +98,15 @@ void bench_print_table(FILE *f, const bench_results *r) {
                     pct(p->mm_gflops, r->fma.gflops), 100.0 * p->mm_share);
         }
         fprintf(f, "  (matmul: flops of the linear layers over the time inside them, every rep; %% time: their share)\n");
+        for (int i = 0; i < r->n_prefill; i++) {
+            const bench_prefill_result *p = &r->prefill[i];
+            fprintf(f, "  %d tokens, matmuls by part (ms, GFLOP/s, %% peak):", p->tokens);
+            for (int q = 0; q < Q3_MM_PARTS; q++)
+                if (p->part_ms[q] > 0)
+                    fprintf(f, " %s %.1f, %.1f, %.1f;", q3_mm_part_name((q3_mm_part)q), p->part_ms[q], p->part_gflops[q],
+                            pct(p->part_gflops[q], r->fma.gflops));
+            fprintf(f, "\n");
+        }
     }
     const bench_decode_result *d = &r->decode;
     if (d->ran) {
@@ -250,6 +259,15 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "matmul_gflops", p->mm_gflops);
             set_num(o, "matmul_pct_fma_peak", pct(p->mm_gflops, r->fma.gflops));
             set_num(o, "matmul_time_share", p->mm_share);
+            json_t *parts = json_object();
+            json_object_set_new(o, "matmul_parts", parts);
+            for (int q = 0; q < Q3_MM_PARTS; q++) {
+                if (p->part_ms[q] <= 0) continue;
+                json_t *e = json_object();
+                json_object_set_new(parts, q3_mm_part_name((q3_mm_part)q), e);
+                set_num(e, "ms", p->part_ms[q]);
+                set_num(e, "gflops", p->part_gflops[q]);
+            }
         }
         json_object_set_new(root, "prefill", pa);
         const bench_decode_result *d = &r->decode;

@@ -20,6 +20,8 @@ typedef struct {
     double mm_flops;    /* flops of the matmuls of one prefill */
     double mm_gflops;   /* matmul flops / time inside matmuls, all reps */
     double mm_share;    /* fraction of the prefill time spent in matmuls */
+    double part_ms[Q3_MM_PARTS];     /* per prefill, inside each part's matmuls (mean over reps) */
+    double part_gflops[Q3_MM_PARTS]; /* each part's matmul flops / its time there */
 } bench_prefill_result;
 
 typedef struct {

@@ -180,6 +180,10 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         p->mm_flops = mm.flops / (double)reps;
         p->mm_gflops = mm.seconds > 0 ? mm.flops / mm.seconds / 1e9 : 0;
         p->mm_share = mm.seconds * 1e3 / sum_ms(ms, (int)reps);
+        for (int q = 0; q < Q3_MM_PARTS; q++) {
+            p->part_ms[q] = mm.part_seconds[q] * 1e3 / (double)reps;
+            p->part_gflops[q] = mm.part_seconds[q] > 0 ? mm.part_flops[q] / mm.part_seconds[q] / 1e9 : 0;
+        }
     }
 
     if (rc == 0 && n_dec > 0) {

@@ -78,12 +78,12 @@ void q3_matmul_part(q3_mm_part part);
 const char *q3_mm_part_name(q3_mm_part part);
 /* Wall time and useful flops (2 * T * rows * cols per job) of the calling
  * thread's q3_matmul_jobs calls since its last reset: how fast prefill runs
- * inside its matmuls, for q3moe bench; and per part, the time and the
+ * inside its matmuls, for q3moe bench; and per part, the time, flops and
  * weight bytes of those calls (q3_mat_bytes of each job's matrix, once per
  * call): where a decode step's memory traffic runs slow. */
 typedef struct {
     double seconds, flops;
-    double part_seconds[Q3_MM_PARTS], part_bytes[Q3_MM_PARTS];
+    double part_seconds[Q3_MM_PARTS], part_bytes[Q3_MM_PARTS], part_flops[Q3_MM_PARTS];
 } q3_matmul_stats;
 void q3_matmul_stats_reset(void);
 q3_matmul_stats q3_matmul_stats_get(void);

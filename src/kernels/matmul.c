@@ -413,7 +413,10 @@ const char *q3_mm_part_name(q3_mm_part part) {
 
 void q3_matmul_stats_add(q3_matmul_stats *acc, const q3_matmul_stats *st) {
     acc->seconds += st->seconds, acc->flops += st->flops;
-    for (int p = 0; p < Q3_MM_PARTS; p++) acc->part_seconds[p] += st->part_seconds[p], acc->part_bytes[p] += st->part_bytes[p];
+    for (int p = 0; p < Q3_MM_PARTS; p++) {
+        acc->part_seconds[p] += st->part_seconds[p], acc->part_bytes[p] += st->part_bytes[p];
+        acc->part_flops[p] += st->part_flops[p];
+    }
 }
 
 void q3_matmul_jobs(const q3_mm_job *jobs, int n) {
@@ -424,7 +427,8 @@ void q3_matmul_jobs(const q3_mm_job *jobs, int n) {
     g_stats.seconds += dt;
     g_stats.part_seconds[g_part] += dt;
     for (int j = 0; j < n; j++) {
-        g_stats.flops += 2.0 * jobs[j].T * jobs[j].W->rows * jobs[j].W->cols;
+        const double flops = 2.0 * jobs[j].T * jobs[j].W->rows * jobs[j].W->cols;
+        g_stats.flops += flops, g_stats.part_flops[g_part] += flops;
         if (jobs[j].T > 0) g_stats.part_bytes[g_part] += (double)q3_mat_bytes(jobs[j].W);
     }
 }
