@@ -102,5 +102,7 @@ static void gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs,
 void q3_avx512vnni_i8_kernels(q3_isa_kernels *k) {
     k->i8_pack_act = pack_act;
     k->gemm_i8 = gemm_i8;
+    k->i8_prep = q3_avx512vnni_i8_prep;
+    k->gemv_i8 = q3_avx512vnni_gemv_i8;
 }
 #pragma GCC pop_options

@@ -186,9 +186,14 @@ void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1
 void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
-/* Fills in the integer GEMM entries of an AVX-512 table with the VNNI
- * kernel (gemm_i8_avx512vnni.c; CPUs with AVX512_VNNI and AVX512BW only). */
+/* Fills in the integer GEMM and GEMV entries of an AVX-512 table with the
+ * VNNI kernels (gemm_i8_avx512vnni.c, gemv_i8_avx512vnni.c; CPUs with
+ * AVX512_VNNI, AVX512BW and AVX512VL only). */
 void q3_avx512vnni_i8_kernels(q3_isa_kernels *k);
+/* gemv_i8_avx512vnni.c: the integer GEMV for MXFP4 weights of K % 128 == 0
+ * (others: the AVX2 one), and its input copy. */
+void q3_avx512vnni_i8_prep(void *xq, const float *x, int K, q3_dtype wt);
+void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
 
 /* Pack W[r0 .. r0+nr) x [k0 .. k0+kc) transposed into Bp[kc][NR] fp32, zero-padding rows >= nr. */
 void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc);

@@ -14,7 +14,7 @@
 static const q3_isa_kernels *g_k = &q3_kernels_scalar;
 static q3_isa g_isa = Q3_ISA_SCALAR;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static q3_isa_kernels g_avx512;     /* the AVX-512 table, plus the VNNI integer GEMM where the CPU has it */
+static q3_isa_kernels g_avx512;     /* the AVX-512 table, plus the VNNI integer kernels where the CPU has them */
 static int g_vnni;                  /* it has */
 static q3_isa_kernels g_avx512bf16; /* that plus the A8 kernels */
 /* Counts matmul passes: an A8 input widened to bf16 by a thread stays
@@ -50,7 +50,8 @@ static void set_isa(q3_isa isa) {
 
 static void init_once(void) {
     g_avx512 = q3_kernels_avx512;
-    g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+    g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512vnni");
     if (g_vnni) q3_avx512vnni_i8_kernels(&g_avx512);
     g_avx512bf16 = g_avx512;
     q3_avx512bf16_a8_kernels(&g_avx512bf16);

@@ -262,6 +262,12 @@ static void test_mx_matmul(void) {
     check_mx(Q3_MXINT8, 1, 50, 1152);
     check_mx(Q3_MXFP8, 1, 260, 2048); /* multi-threaded */
     check_mx(Q3_MXINT8, 1, 260, 2048);
+    /* The AVX-512 VNNI integer GEMV (MXFP4 weights, K % 128 == 0): a group
+     * of 16 blocks and a short one, several threads; K % 128 != 0 takes
+     * the AVX2 kernel and its input copy. */
+    check_mx(Q3_MXFP4, 1, 40, 768);
+    check_mx(Q3_MXFP4, 1, 260, 2048);
+    check_mx(Q3_MXFP4, 1, 33, 320);
     /* The A8 GEMM: 1, 2 and 3 vectors of tokens, row tails, several passes of 48 tokens. */
     const int gt[] = {2, 9, 17, 33, 48, 100};
     for (size_t i = 0; i < sizeof gt / sizeof gt[0]; i++) {
