@@ -1,9 +1,10 @@
-/* AVX-512 VNNI integer GEMV for MXINT8 inputs against MXFP4 weights: the
- * decode path of the W4A8i experts where the CPU has AVX512_VNNI. Other
- * weights, and rows of K % 128 != 0, take the AVX2 kernel
- * (gemv_i8_avx2.c), whose arithmetic this one shares: the input's signs
- * XORed onto the packed E2M1 weights, a table of twice the E2M1 values,
- * exact integer block sums, one fp32 factor per block.
+/* AVX-512 VNNI integer GEMV for MXINT8 inputs against MXFP4 and MXINT8
+ * weights: the decode path of the W4A8i linears where the CPU has
+ * AVX512_VNNI. Rows of other lengths (MXFP4: K % 128 != 0, MXINT8: K % 256
+ * != 0) take the AVX2 kernel (gemv_i8_avx2.c), whose arithmetic this one
+ * shares: exact integer block sums, one fp32 factor per block; for MXFP4
+ * the input's signs XORed onto the packed E2M1 weights and a table of twice
+ * the E2M1 values.
  *
  * Why: from DRAM one thread decoded at 11.8 GB/s against a 14.9 GB/s read,
  * and its arithmetic alone ran at 19.9 GB/s from L2: the loads and the
@@ -13,8 +14,13 @@
  * and a VPMADDWD for half as many; and 16 blocks' sums leave their lanes
  * together (two levels of unpacks) to be converted and scaled once.
  *
- * A group is 4 blocks, 64 weight bytes: block i's 16 bytes in 128-bit lane
- * i, its 16 even elements in the low nibbles. */
+ * MXFP4: a group is 4 blocks, 64 weight bytes: block i's 16 bytes in
+ * 128-bit lane i, its 16 even elements in the low nibbles. MXINT8: VPDPBUSD
+ * wants one unsigned operand, and AVX-512 has no VPSIGNB to move the
+ * weight's sign onto the input as AVX2 does; so the weight codes are offset
+ * by 128 (an XOR) and the sum over (w + 128) a is corrected by 128 times the
+ * input block's sum, made with the input copy: exact, as
+ * 32 * 255 * 127 < 2^24. A group is 8 blocks, 4 vectors of 2. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")
 #include <immintrin.h>
@@ -36,18 +42,48 @@
  *          2^(shared - 6) times the table's constant, in the order their
  *          sums leave the lanes (lane 4 i + m: block 4 m + i), 0 past the
  *          last block.
- * At most 1.5 K + 4 (K / 32 + 15) bytes. */
-static int fits(int K, q3_dtype wt) { return wt == Q3_MXFP4 && K % 128 == 0; }
+ * At most 1.5 K + 4 (K / 32 + 15) bytes. For MXINT8 weights:
+ *   a[K]: the input codes, stored order;
+ *   fg[K/16] floats: per 8 blocks, 16 lanes: the factors times the table's
+ *          constant for blocks 0, 2, 4, 6, then 4 zeros, blocks 1, 3, 5, 7,
+ *          4 zeros (int8_sums' lane order);
+ *   corr[K/16] floats: 128 times the blocks' sums of codes, in that order.
+ * 1.5 K bytes. */
+static int fits(int K, q3_dtype wt) { return wt == Q3_MXFP4 ? K % 128 == 0 : wt == Q3_MXINT8 && K % 256 == 0; }
 
-static float *fg_of(const void *xq, int K) { return (float *)((uint8_t *)xq + (size_t)K + (size_t)K / 2); }
+static float *fg_of(const void *xq, int K, q3_dtype wt) {
+    return (float *)((uint8_t *)xq + (size_t)K + (wt == Q3_MXFP4 ? (size_t)K / 2 : 0));
+}
+
+/* The lane of int8_sums holding block j (0 .. 7) of its group. */
+static int int8_lane(int j) { return j % 2 * 8 + j / 2; }
+
+static void prep_int8(void *xq, const float *x, int K) {
+    int8_t *a = xq;
+    float *fg = fg_of(xq, K, Q3_MXINT8), *corr = fg + K / 16;
+    const float c = q3_mx_scale_table(Q3_MXINT8)[127];
+    for (int g = 0; g < K / 256; g++)
+        for (int i = 0; i < 16; i++) fg[16 * g + i] = corr[16 * g + i] = 0.0f;
+    for (int b = 0; b < K / 32; b++) {
+        const float f = q3_avx2_i8_quant_block(x + (size_t)b * 32, a + (size_t)b * 32);
+        int sum = 0;
+        for (int i = 0; i < 32; i++) sum += a[(size_t)b * 32 + i];
+        const int at = b / 8 * 16 + int8_lane(b % 8);
+        fg[at] = f * c, corr[at] = 128.0f * (float)sum;
+    }
+}
 
 void q3_avx512vnni_i8_prep(void *xq, const float *x, int K, q3_dtype wt) {
     if (!fits(K, wt)) {
         q3_avx2_i8_prep(xq, x, K, wt);
         return;
     }
+    if (wt == Q3_MXINT8) {
+        prep_int8(xq, x, K);
+        return;
+    }
     uint8_t *ua = xq, *sx = ua + K;
-    float *fg = fg_of(xq, K);
+    float *fg = fg_of(xq, K, Q3_MXFP4);
     const int nb = K / 32, nbr = (nb + 15) / 16 * 16;
     const float half = q3_mx_scale_table(Q3_MXFP4)[127];
     const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
@@ -98,6 +134,22 @@ INLINE __m128i codes_of(const uint8_t *sc, int n) {
     return _mm_shuffle_epi8(_mm_mask_loadu_epi8(_mm_set1_epi8(127), m, sc), order);
 }
 
+/* The weight factors of 16 lanes from their scale codes: 2^(code - 127)
+ * as exponent fields times fg (codes 1 .. 254), or (exact_codes) the
+ * table's entries times fg over the table's constant. */
+INLINE __m512 weight_factors(__m128i codes, const float *fg, const float *wtab, const int exact_codes) {
+    const __m512i c32 = _mm512_cvtepu8_epi32(codes);
+    if (exact_codes)
+        return _mm512_mul_ps(_mm512_i32gather_ps(c32, wtab, 4), _mm512_mul_ps(_mm512_loadu_ps(fg), _mm512_set1_ps(1.0f / wtab[127])));
+    return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(c32, 23)), _mm512_loadu_ps(fg));
+}
+
+/* Rows with codes 0 or 255 seen in the bytes lo / hi cover (n of them). */
+INLINE int odd_codes(__m128i lo, __m128i hi, int n) {
+    const __m128i odd = _mm_or_si128(_mm_cmpeq_epi8(lo, _mm_setzero_si128()), _mm_cmpeq_epi8(hi, _mm_set1_epi8(-1)));
+    return _mm_movemask_epi8(odd) & ((1 << n) - 1);
+}
+
 /* A row: 16 blocks at a time (fewer at its end, the missing groups zero).
  * exact_codes 0: the weight factors 2^(code - 127) from the codes as
  * exponent fields, which holds for codes 1 .. 254; the row's least and
@@ -121,37 +173,67 @@ INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const uint8_t
             }
         }
         const __m128i codes = codes_of(sc + b, nb - b);
-        __m512 wf;
-        if (exact_codes) {
-            wf = _mm512_mul_ps(_mm512_i32gather_ps(_mm512_cvtepu8_epi32(codes), wtab, 4),
-                               _mm512_add_ps(_mm512_loadu_ps(fg + b), _mm512_loadu_ps(fg + b))); /* fg / half, exact */
-        } else {
-            *lo = _mm_min_epu8(*lo, codes), *hi = _mm_max_epu8(*hi, codes);
-            wf = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(codes), 23)), _mm512_loadu_ps(fg + b));
+        if (!exact_codes) *lo = _mm_min_epu8(*lo, codes), *hi = _mm_max_epu8(*hi, codes);
+        acc = _mm512_fmadd_ps(block_sums(v[0], v[1], v[2], v[3]), weight_factors(codes, fg + b, wtab, exact_codes), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* An MXINT8 row, 8 blocks (4 vectors) at a time: per vector the sums of
+ * (w + 128) a in 4s, 8 lanes per block; the 4 vectors' lanes reduced as in
+ * block_sums, then the two halves of each block (128-bit lanes 2 j and
+ * 2 j + 1) added: lane int8_lane(j) holds block j, lanes 4-7 and 12-15
+ * copies (their factors are zero). */
+INLINE float row_int8(const uint8_t *el, const uint8_t *sc, int nb, const int8_t *a, const float *fg, const float *corr,
+                      const float *wtab, size_t pf, __m128i *lo, __m128i *hi, const int exact_codes) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m128i order = _mm_setr_epi8(0, 2, 4, 6, -1, -1, -1, -1, 1, 3, 5, 7, -1, -1, -1, -1);
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b += 8) {
+        __m512i v[4];
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) {
+            const size_t k = (size_t)(b + 2 * m) * 32;
+            if (!exact_codes) _mm_prefetch((const char *)el + k + pf, _MM_HINT_T0);
+            v[m] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(_mm512_loadu_si512(el + k), flip),
+                                       _mm512_loadu_si512(a + k));
         }
-        acc = _mm512_fmadd_ps(block_sums(v[0], v[1], v[2], v[3]), wf, acc);
+        const __m512i p = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+        const __m512i q = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+        const __m512i r = _mm512_add_epi32(_mm512_unpacklo_epi64(p, q), _mm512_unpackhi_epi64(p, q));
+        const __m512i t = _mm512_add_epi32(r, _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(2, 3, 0, 1)));
+        const __m512 sums = _mm512_sub_ps(_mm512_cvtepi32_ps(t), _mm512_loadu_ps(corr + 2 * b));
+        const __m128i raw = _mm_loadl_epi64((const __m128i *)(sc + b));
+        if (!exact_codes) *lo = _mm_min_epu8(*lo, raw), *hi = _mm_max_epu8(*hi, raw);
+        acc = _mm512_fmadd_ps(sums, weight_factors(_mm_shuffle_epi8(raw, order), fg + 2 * b, wtab, exact_codes), acc);
     }
     return _mm512_reduce_add_ps(acc);
 }
 
 void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1) {
-    const int K = W->cols, nb = K / 32;
+    const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     if (!fits(K, W->dtype)) {
         q3_avx2_gemv_i8(out, xq, W, r0, r1);
         return;
     }
-    const size_t eb = q3_mx_elem_bytes(Q3_MXFP4, (size_t)K);
-    const float *wtab = q3_mx_scale_table(Q3_MXFP4), *fg = fg_of(xq, K);
+    const size_t eb = q3_mx_elem_bytes(W->dtype, (size_t)K);
+    const float *wtab = q3_mx_scale_table(W->dtype), *fg = fg_of(xq, K, W->dtype);
     const uint8_t *el = W->data, *sc = W->scales, *ua = xq, *sx = ua + K;
     const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
     for (int r = r0; r < r1; r++) {
         const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
         _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
         __m128i lo = _mm_set1_epi8(-1), hi = _mm_setzero_si128();
-        out[r - r0] = row_fp4(e, s, nb, ua, sx, fg, wtab, pf, &lo, &hi, 0);
-        /* codes 0 and 255 (not normal floats) as the table has them */
-        if (_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(lo, _mm_setzero_si128()), _mm_cmpeq_epi8(hi, _mm_set1_epi8(-1)))))
-            out[r - r0] = row_fp4(e, s, nb, ua, sx, fg, wtab, pf, &lo, &hi, 1);
+        /* a second pass for codes 0 and 255 (not normal floats), as the table has them */
+        if (fp4) {
+            out[r - r0] = row_fp4(e, s, nb, ua, sx, fg, wtab, pf, &lo, &hi, 0);
+            if (odd_codes(lo, hi, 16)) out[r - r0] = row_fp4(e, s, nb, ua, sx, fg, wtab, pf, &lo, &hi, 1);
+        } else {
+            const int8_t *a = xq;
+            const float *corr = fg + K / 16;
+            out[r - r0] = row_int8(e, s, nb, a, fg, corr, wtab, pf, &lo, &hi, 0);
+            if (odd_codes(lo, hi, 8)) out[r - r0] = row_int8(e, s, nb, a, fg, corr, wtab, pf, &lo, &hi, 1);
+        }
     }
 }
 #pragma GCC pop_options
