@@ -82,6 +82,25 @@ void q3_i8_decode_row(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float *
     }
 }
 
+/* For the VNNI GEMM (VPDPBUSD sums 4 products of at most 255 * 128 in 32
+ * bits; VPMADDUBSW's 16-bit pairs would saturate on MXINT8 weights). The
+ * block sums as sums of the codes offset to unsigned (SAD against zero,
+ * 8 bytes at a time) less 32 * 128. */
+void q3_i8_decode_row_int8(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float *wsc) {
+    const int K = W->cols, nb = K / 32;
+    const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (size_t)K, *sc = W->scales + (size_t)r * nb;
+    const float *tab = q3_mx_scale_table(Q3_MXINT8);
+    for (int b = 0; b < nb; b++) {
+        if (b % 2 == 0) _mm_prefetch((const char *)el + (size_t)b * 32 + Q3_PF_BYTES, _MM_HINT_T0);
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(el + (size_t)b * 32));
+        _mm256_storeu_si256((__m256i *)(wq + (size_t)b * 32), x);
+        const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(x, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+        const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        wsum[b] = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+        wsc[b] = tab[sc[b]];
+    }
+}
+
 /* Four k of rows w0/w1 against one token vector: the pair sums added into
  * the 16-bit sums s0/s1. */
 #define STEP4(s0, s1, av, b0, b1)                               \

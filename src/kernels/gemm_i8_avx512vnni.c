@@ -1,5 +1,6 @@
-/* AVX-512 VNNI integer GEMM for MXINT8 inputs against MXFP4 weights: the
- * prefill kernel of the W4A8i experts where the CPU has AVX512_VNNI.
+/* AVX-512 VNNI integer GEMM for MXINT8 inputs against MXFP4 and MXINT8
+ * weights: the prefill kernel of the W4A8i experts and attention where the
+ * CPU has AVX512_VNNI.
  *
  * The AVX2 kernel's layout and arithmetic (gemm_i8_avx2.c) in 16 lanes:
  * VPDPBUSD multiplies each token's four offset inputs by a row's four
@@ -7,7 +8,9 @@
  * a VPMADDUBSW, a 16-bit add and, every 16 k, a VPMADDWD for 8 lanes. The
  * block sums are exact in 32 bits either way ((a + 128) w: 32 * 255 * 12
  * < 2^17 per block) and are scaled by the same operations in the same
- * order, so the results equal the AVX2 kernel's bit for bit.
+ * order, so the results equal the AVX2 kernel's bit for bit. MXINT8 rows
+ * (which the AVX2 kernel does not take: its 16-bit pair sums would
+ * saturate) are exact too: 32 * 255 * 128 < 2^24 per block.
  *
  * Tiles of 4 rows x 2 token vectors: 8 integer and 8 fp32 accumulators,
  * 2 token loads and 4 broadcast row codes per 8 VPDPBUSD. */
@@ -77,7 +80,9 @@ static void gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs,
     int32_t *wsum = (int32_t *)(void *)(wq + (size_t)Q3_NR * K); /* Q3_NR rows of nb */
     float *wsc = (float *)(wsum + (size_t)Q3_NR * nb);
     float stage[Q3_STAGE_ROWS * Q3_BC_TOKENS_MAX] __attribute__((aligned(64)));
-    for (int r = 0; r < nr; r++) q3_i8_decode_row(W, r0 + r, wq + (size_t)r * K, wsum + (size_t)r * nb, wsc + (size_t)r * nb);
+    void (*decode)(const q3_mat *, int, int8_t *, int32_t *, float *) =
+        W->dtype == Q3_MXINT8 ? q3_i8_decode_row_int8 : q3_i8_decode_row;
+    for (int r = 0; r < nr; r++) decode(W, r0 + r, wq + (size_t)r * K, wsum + (size_t)r * nb, wsc + (size_t)r * nb);
     for (int r = 0; r < nr; r += RT) {
         const int8_t *w[RT];
         const int32_t *ws[RT];
@@ -102,6 +107,7 @@ static void gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs,
 void q3_avx512vnni_i8_kernels(q3_isa_kernels *k) {
     k->i8_pack_act = pack_act;
     k->gemm_i8 = gemm_i8;
+    k->gemm_i8_int8 = 1;
     k->i8_prep = q3_avx512vnni_i8_prep;
     k->gemv_i8 = q3_avx512vnni_gemv_i8;
 }

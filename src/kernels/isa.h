@@ -124,15 +124,16 @@ typedef struct {
      * that copy, each block an exact integer sum scaled once. */
     void (*i8_prep)(void *xq, const float *x, int K, q3_dtype wt);
     void (*gemv_i8)(float *out, const void *xq, const q3_mat *W, int r0, int r1);
-    /* Integer GEMM for MXINT8 inputs against MXFP4 weights, up to
-     * Q3_BC_TOKENS_MAX tokens (cols % 64 == 0, <= Q3_LANE_KMAX; NULL: not
-     * available): i8_pack_act writes the T input rows quantized to MXINT8
-     * as ap (K * TP bytes, TP = T rounded up to 8) and fs (K/32 * TP block
-     * factors); gemm_i8 computes out[t][r], r in [r0, r1), t < T (wbuf:
-     * Q3_NR * (K + K/4) bytes of scratch). */
+    /* Integer GEMM for MXINT8 inputs against MXFP4 weights (MXINT8 ones too
+     * where gemm_i8_int8), up to Q3_BC_TOKENS_MAX tokens (cols % 64 == 0,
+     * <= Q3_LANE_KMAX; NULL: not available): i8_pack_act writes the T input
+     * rows quantized to MXINT8 as ap (K * TP bytes, TP = T rounded up to 8)
+     * and fs (K/32 * TP block factors); gemm_i8 computes out[t][r], r in
+     * [r0, r1), t < T (wbuf: Q3_NR * (K + K/4) bytes of scratch). */
     void (*i8_pack_act)(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K);
     void (*gemm_i8)(float *out, size_t ldo, const uint32_t *ap, const float *fs, int T, const q3_mat *W, int r0, int r1,
                     void *wbuf);
+    int gemm_i8_int8;
     /* The same product for BF16 weights (even row stride) by bf16 dot
      * products, each input split into two bf16 parts (NULL: not available):
      * bf16_pack_act writes at most K * TP words (TP = T rounded up to 16):
@@ -176,6 +177,8 @@ float q3_avx2_i8_quant_block(const float *x, int8_t q[32]);
 /* gemm_i8_avx2.c (the pack and the row decoder, shared with the VNNI GEMM) */
 void q3_i8_pack_lanes(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K, int TP);
 void q3_i8_decode_row(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float *wsc);
+/* The same for an MXINT8 row: its codes, their block sums, the factors. */
+void q3_i8_decode_row_int8(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, float *wsc);
 void q3_avx2_i8_pack_act(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K);
 void q3_avx2_gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs, int T, const q3_mat *W, int r0, int r1,
                      void *wbuf);

@@ -231,7 +231,8 @@ enum { I8_GEMM_MIN_T = 7 };
 
 static int gemm_i8_ok(const q3_mm_job *jb) {
     const q3_mat *W = jb->W;
-    return g_k->gemm_i8 && W->ai8 && W->dtype == Q3_MXFP4 && W->cs <= 1 && W->cols % 64 == 0 &&
+    return g_k->gemm_i8 && W->ai8 && (W->dtype == Q3_MXFP4 || (W->dtype == Q3_MXINT8 && g_k->gemm_i8_int8)) && W->cs <= 1 &&
+           W->cols % 64 == 0 &&
            W->cols <= Q3_LANE_KMAX && jb->T >= I8_GEMM_MIN_T && jb->T <= Q3_BC_TOKENS_MAX;
 }
 

@@ -282,6 +282,11 @@ static void test_mx_matmul(void) {
     check_mx_a8(Q3_MXFP4, 128, 21, 256, Q3_MXINT8, 1);
     check_mx_a8(Q3_MXFP4, 13, 40, 320, Q3_MXINT8, 1);
     check_mx_a8(Q3_MXFP4, 40, 300, 1024, Q3_MXINT8, 0);
+    /* MXINT8 weights in the VNNI integer GEMM: the largest codes against
+     * the largest inputs, zero and tiny blocks, several threads. */
+    check_mx_a8(Q3_MXINT8, 20, 40, 256, Q3_MXINT8, 2);
+    check_mx_a8(Q3_MXINT8, 33, 21, 192, Q3_MXINT8, 1);
+    check_mx_a8(Q3_MXINT8, 128, 300, 512, Q3_MXINT8, 0);
     check_mx_a8(Q3_MXFP4, 64, 30, 256, Q3_MXFP8, 0);   /* two equal passes of 32 */
     check_mx_a8(Q3_MXFP4, 20, 40, 256, Q3_MXFP8, 1);   /* panels falling back to fp32 */
     check_mx(Q3_MXFP8, 1, 37, 256);
