@@ -227,6 +227,10 @@ def test_hugepages(report, model, tmp_path):
     pages, which may be 0 where transparent huge pages are off); the default run maps the file."""
     r0, stdout0, _, _ = report
     assert r0["hugepages"] is False and "--hugepages" not in stdout0
+    # the mapped run says how much of the mapping has 2 MiB entries (0 for this small checkpoint
+    # or without large folios in the page cache), at most the process's file mappings
+    assert 0 <= r0["file_pmd_mapped_bytes"] <= r0["peak_rss_bytes"]
+    assert f"weights    mapped: {r0['file_pmd_mapped_bytes'] / 1e9:.2f} GB of {r0['model']['bytes'] / 1e9:.2f} GB" in stdout0
     out = tmp_path / "h.json"
     p = run([Q3MOE, "bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "--json", out, "--no-membw", "--no-ttft",
              "--hugepages"])

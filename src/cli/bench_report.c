@@ -148,6 +148,11 @@ void bench_print_table(FILE *f, const bench_results *r) {
     if (r->comm_stats) print_comm(f, r);
     if (r->hugepages)
         fprintf(f, "\nweights    --hugepages: copied into anonymous memory, %.2f GB of it in 2 MiB pages\n", r->huge_bytes / 1e9);
+    else
+        fprintf(f,
+                "\nweights    mapped: %.2f GB of %.2f GB under 2 MiB page entries (FilePmdMapped; the rest under 4 KiB ones,\n"
+                "           or never touched)\n",
+                r->file_pmd_bytes / 1e9, r->bytes / 1e9);
     fprintf(f, "\npeak RSS   bench process %.1f MiB (model runs)", r->rss_kb / 1024.0);
     if (t->ran) fprintf(f, ", TTFT child %.1f MiB", (t->cold_rss_kb > t->warm_rss_kb ? t->cold_rss_kb : t->warm_rss_kb) / 1024.0);
     fprintf(f, "\n");
@@ -319,6 +324,7 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
         set_int(root, "peak_rss_bytes", (long long)r->rss_kb * 1024);
         json_object_set_new(root, "hugepages", json_boolean(r->hugepages));
         set_num(root, "huge_page_bytes", (double)r->huge_bytes);
+        set_num(root, "file_pmd_mapped_bytes", (double)r->file_pmd_bytes);
         json_object_set_new(root, "sampling", o = json_object());
         set_num(o, "temperature", r->sp.temperature);
         set_int(o, "top_k", r->sp.top_k);

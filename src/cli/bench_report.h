@@ -62,6 +62,7 @@ typedef struct {
     long rss_kb;                    /* bench process peak RSS after the model runs */
     int hugepages;                  /* --hugepages: the model was copied into anonymous memory */
     size_t huge_bytes;              /* of which in transparent huge pages (AnonHugePages) */
+    size_t file_pmd_bytes;          /* mapped: file bytes mapped with 2 MiB entries (FilePmdMapped) */
     /* ranks and sampling (every step ends with a sampled token) */
     int world;
     q3_sampler_params sp;

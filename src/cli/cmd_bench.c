@@ -223,6 +223,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
     r->rss_kb = peak_rss_kb();
     r->hugepages = q3_hugepages_get();
     r->huge_bytes = q3_anon_huge_bytes();
+    r->file_pmd_bytes = q3_file_pmd_bytes();
     free(s->state.expert_hits);
     s->state.expert_hits = NULL;
     free(delta);

@@ -70,6 +70,7 @@ static int copy_to_huge_pages(q3_mapped_file *f, int fd, const char *path) {
 }
 
 size_t q3_anon_huge_bytes(void) { return proc_kb("/proc/self/smaps_rollup", "AnonHugePages: %zu kB") * 1024; }
+size_t q3_file_pmd_bytes(void) { return proc_kb("/proc/self/smaps_rollup", "FilePmdMapped: %zu kB") * 1024; }
 
 /* Bytes to munmap: an anonymous copy is rounded up to whole huge pages. */
 static size_t mapped_len(const q3_mapped_file *f) { return f->anon_len ? f->anon_len : f->size; }

@@ -27,6 +27,11 @@ int q3_hugepages_get(void);
 /* Bytes of this process's memory in transparent huge pages (AnonHugePages
  * of /proc/self/smaps_rollup), or 0. */
 size_t q3_anon_huge_bytes(void);
+/* Bytes of this process's file mappings mapped with 2 MiB page entries
+ * (FilePmdMapped of /proc/self/smaps_rollup), or 0. A mapped model decodes
+ * slower when much of it is not: the page cache can hold a file in small
+ * folios, depending on how it was written and read (BENCHMARKS.md). */
+size_t q3_file_pmd_bytes(void);
 void q3_unmap_file(q3_mapped_file *f);
 /* Map every page of the file now (from the page cache, reading what is
  * missing) so that later accesses take no page faults. Best effort. */
