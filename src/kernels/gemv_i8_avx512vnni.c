@@ -32,7 +32,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* Input copy layout for K elements (K % 128 == 0):
+/* Input copy layout for K elements. For MXFP4 weights (K % 128 == 0):
  *   ua[K]: per group (128 elements) |a| of the 4 blocks' even elements
  *          (block i's at 16 i), then of their odd ones;
  *   sx[K/2]: sign masks as the AVX2 copy's: byte j has bit 3 / bit 7 set
@@ -42,11 +42,11 @@
  *          2^(shared - 6) times the table's constant, in the order their
  *          sums leave the lanes (lane 4 i + m: block 4 m + i), 0 past the
  *          last block.
- * At most 1.5 K + 4 (K / 32 + 15) bytes. For MXINT8 weights:
+ * At most 1.5 K + 4 (K / 32 + 15) bytes. For MXINT8 weights (K % 256 == 0):
  *   a[K]: the input codes, stored order;
  *   fg[K/16] floats: per 8 blocks, 16 lanes: the factors times the table's
  *          constant for blocks 0, 2, 4, 6, then 4 zeros, blocks 1, 3, 5, 7,
- *          4 zeros (int8_sums' lane order);
+ *          4 zeros (row_int8's lane order);
  *   corr[K/16] floats: 128 times the blocks' sums of codes, in that order.
  * 1.5 K bytes. */
 static int fits(int K, q3_dtype wt) { return wt == Q3_MXFP4 ? K % 128 == 0 : wt == Q3_MXINT8 && K % 256 == 0; }
@@ -55,7 +55,7 @@ static float *fg_of(const void *xq, int K, q3_dtype wt) {
     return (float *)((uint8_t *)xq + (size_t)K + (wt == Q3_MXFP4 ? (size_t)K / 2 : 0));
 }
 
-/* The lane of int8_sums holding block j (0 .. 7) of its group. */
+/* The lane of row_int8's sums holding block j (0 .. 7) of its group. */
 static int int8_lane(int j) { return j % 2 * 8 + j / 2; }
 
 static void prep_int8(void *xq, const float *x, int K) {

@@ -194,7 +194,8 @@ void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
  * AVX512_VNNI, AVX512BW and AVX512VL only). */
 void q3_avx512vnni_i8_kernels(q3_isa_kernels *k);
 /* gemv_i8_avx512vnni.c: the integer GEMV for MXFP4 weights of K % 128 == 0
- * (others: the AVX2 one), and its input copy. */
+ * and MXINT8 ones of K % 256 == 0 (others: the AVX2 one), and its input
+ * copy. */
 void q3_avx512vnni_i8_prep(void *xq, const float *x, int K, q3_dtype wt);
 void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
 
