@@ -113,8 +113,10 @@ typedef struct {
     int bc_max_t, bc_min_t;
     /* MX products of at most this many tokens run as one gemv_a8 per
      * token (where gemv_a8 takes the weights): decoding a row once per
-     * token beats the GEMMs' lanes left empty. */
-    int mx_gemv_t;
+     * token beats the GEMMs' lanes left empty. i8_gemv_t: the same with
+     * MXINT8 inputs, one gemv_i8 per token (below the integer GEMM's
+     * fewest tokens). */
+    int mx_gemv_t, i8_gemv_t;
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
     /* Integer GEMV for MXINT8 inputs (W->ai8) against MXINT8 or MXFP4
      * weights (cols % 64 == 0, <= 32768; NULL: not available): i8_prep

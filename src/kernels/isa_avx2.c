@@ -697,7 +697,7 @@ const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micr
     .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .mxi8_fake_quant = mxi8_fake_quant, .swiglu = swiglu, .a8_prep_any = 1,
     .a8_prep = q3_avx2_mx_prep, .gemv_a8 = q3_avx2_gemv_mx, .bc_pack_act = q3_avx2_bc_pack_act,
     .gemm_bc = q3_avx2_gemm_bc, .bc_mx = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
-    .bc_min_t = 13, .mx_gemv_t = 8, /* kernel_bench: the crossovers at 8192x2048 */
+    .bc_min_t = 13, .mx_gemv_t = 8, .i8_gemv_t = 8, /* kernel_bench: the crossovers at 8192x2048 */
     .i8_prep = q3_avx2_i8_prep, .gemv_i8 = q3_avx2_gemv_i8, .i8_pack_act = q3_avx2_i8_pack_act,
     .gemm_i8 = q3_avx2_gemm_i8};
 #pragma GCC pop_options

@@ -373,6 +373,10 @@ const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = mi
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
     .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc,
     .bc_mx = 1, .lane_split = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
+    /* A few tokens as one GEMV each rather than widening every MX row to fp32 for the broadcast GEMM:
+     * kernel_bench mx 1536 2048 20 T, Intel Xeon, GFLOP/s: MXFP4 A8 T = 2 33 -> 69, T = 4 30 -> 55, but
+     * T = 6 65 -> 53; MXINT8 inputs (VNNI GEMV) T = 2 33 -> 194, T = 4 30 -> 150, T = 6 64 -> 144. */
+    .mx_gemv_t = 4, .i8_gemv_t = 8,
     /* MX GEMV on a prepared input: AVX2's shift/mask decoders (kernel_bench mx 768 2048, one thread, Intel
      * Xeon: MXFP8 17.2 against 10.5-12.3 G elements/s for gemv_mx here, MXFP4 17.4 against 16.1). */
     .a8_prep_any = 1, .a8_prep = q3_avx2_mx_prep, .gemv_a8 = q3_avx2_gemv_mx,

@@ -278,7 +278,7 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
     if (jb->T == 1) TAKE(g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr));
     if (jb->T <= Q3_LANE_TOKENS && bf16_shape_ok(W)) TAKE(run_gemm_bf16(jb, r0, nr));
     if (gemm_i8_ok(jb)) TAKE(run_gemm_i8(jb, r0, nr));
-    if (jb->T <= g_k->mx_gemv_t && jb->T <= MX_GEMV_TOKENS && (i8 || gemv_mx_ok(W)))
+    if (jb->T <= (i8 ? g_k->i8_gemv_t : g_k->mx_gemv_t) && jb->T <= MX_GEMV_TOKENS && (i8 || gemv_mx_ok(W)))
         TAKE(run_gemv_mx_tokens(jb, r0, nr, i8));
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
         (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
