@@ -195,6 +195,12 @@ void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
  * VNNI kernels (gemm_i8_avx512vnni.c, gemv_i8_avx512vnni.c; CPUs with
  * AVX512_VNNI, AVX512BW and AVX512VL only). */
 void q3_avx512vnni_i8_kernels(q3_isa_kernels *k);
+/* gemv_mx_avx512.c: the MX GEMV on a prepared input for MXFP8 weights of
+ * K % 64 == 0 (others: the AVX2 one), and its input copy; fills them into
+ * an AVX-512 table (CPUs with AVX512BW only). */
+void q3_avx512_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
+void q3_avx512_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);
+void q3_avx512bw_mx_kernels(q3_isa_kernels *k);
 /* gemv_i8_avx512vnni.c: the integer GEMV for MXFP4 weights of K % 128 == 0
  * and MXINT8 ones of K % 256 == 0 (others: the AVX2 one), and its input
  * copy. */

@@ -52,6 +52,7 @@ static void init_once(void) {
     g_avx512 = q3_kernels_avx512;
     g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512vnni");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) q3_avx512bw_mx_kernels(&g_avx512);
     if (g_vnni) q3_avx512vnni_i8_kernels(&g_avx512);
     g_avx512bf16 = g_avx512;
     q3_avx512bf16_a8_kernels(&g_avx512bf16);

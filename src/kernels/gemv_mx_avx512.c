@@ -1,0 +1,91 @@
+/* AVX-512 GEMV for MXFP8 weights against fp32 inputs (weight-only MXFP8
+ * and the A8 linears of the float schemes) on CPUs without AVX-512 BF16:
+ * gemv_mx_avx2.c's shift/mask E4M3 decoder on 64 elements (two blocks) at
+ * a time, with the input copy permuted to the order it leaves them in.
+ * Other weights, and rows of K % 64 != 0, take the AVX2 kernel and its
+ * copy.
+ *
+ * The decoder: byte b moved to the top of a 16-bit word, shifted right 4
+ * (arithmetic) and masked holds the sign at bit 15 and the 7 magnitude bits
+ * at 10..4; as the top half of an fp32 that is the E4M3 value times 2^-120,
+ * subnormals included (the scale table takes the 2^120 back). Dword d of
+ * decoded vector v holds element 4 d + OFF[v] of the 64, so lanes 0-7
+ * belong to the first block and 8-15 to the second. The 16-bit shifts need
+ * AVX512BW: q3_avx512bw_mx_kernels puts these in the table where the CPU
+ * has it. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx2,fma")
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "kernels/isa.h"
+#include "kernels/prefetch.h"
+#include "quant/mx.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+static const int OFF[4] = {0, 2, 1, 3};
+
+static int fits(int K, q3_dtype wt) { return wt == Q3_MXFP8 && K % 64 == 0; }
+
+void q3_avx512_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
+    if (!fits(K, wt)) {
+        q3_avx2_mx_prep(xbv, x, K, wt);
+        return;
+    }
+    float *xb = xbv;
+    for (int k = 0; k < K; k += 64)
+        for (int v = 0; v < 4; v++)
+            for (int d = 0; d < 16; d++) xb[k + 16 * v + d] = x[k + 4 * d + OFF[v]];
+}
+
+/* 64 E4M3 codes -> four vectors of fp32 (times 2^-120), in OFF's order. */
+INLINE void fp8x64(const uint8_t *p, __m512 f[4]) {
+    const __m512i b = _mm512_loadu_si512(p), m = _mm512_set1_epi16((short)0x87F0), hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    const __m512i w0 = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 4), m);
+    const __m512i w1 = _mm512_and_si512(_mm512_srai_epi16(b, 4), m);
+    f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+    f[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, hi));
+    f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+    f[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, hi));
+}
+
+/* One row, two blocks per step: two short product chains, then their sum
+ * times the two blocks' factors into one of two accumulators. */
+INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, int nb, const float *xb, const float *tab, size_t pf) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    for (int b = 0; b < nb; b += 2) {
+        const float *xs = xb + (size_t)b * 32;
+        _mm_prefetch((const char *)el + (size_t)b * 32 + pf, _MM_HINT_T0);
+        __m512 f[4];
+        fp8x64(el + (size_t)b * 32, f);
+        __m512 d0 = _mm512_mul_ps(f[0], _mm512_loadu_ps(xs)), d1 = _mm512_mul_ps(f[1], _mm512_loadu_ps(xs + 16));
+        d0 = _mm512_fmadd_ps(f[2], _mm512_loadu_ps(xs + 32), d0);
+        d1 = _mm512_fmadd_ps(f[3], _mm512_loadu_ps(xs + 48), d1);
+        const __m512 s = _mm512_mask_broadcastss_ps(_mm512_set1_ps(tab[sc[b]]), 0xFF00, _mm_set_ss(tab[sc[b + 1]]));
+        if (b & 2) acc1 = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc1);
+        else acc0 = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+void q3_avx512_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int r1) {
+    const int K = W->cols, nb = K / 32;
+    if (!fits(K, W->dtype)) {
+        q3_avx2_gemv_mx(out, xbv, W, r0, r1);
+        return;
+    }
+    const float *xb = xbv, *tab = q3_mx_scale_table(Q3_MXFP8);
+    const uint8_t *el = W->data, *sc = W->scales;
+    const size_t pf = q3_pf_weights((size_t)K), spf = q3_pf_scales((size_t)nb);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *s = sc + (size_t)r * nb;
+        _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
+        out[r - r0] = row_fp8(el + (size_t)r * K, s, nb, xb, tab, pf);
+    }
+}
+void q3_avx512bw_mx_kernels(q3_isa_kernels *k) {
+    k->a8_prep = q3_avx512_mx_prep;
+    k->gemv_a8 = q3_avx512_gemv_mx;
+}
+#pragma GCC pop_options
