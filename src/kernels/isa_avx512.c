@@ -378,7 +378,8 @@ const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = mi
      * T = 6 65 -> 53; MXINT8 inputs (VNNI GEMV) T = 2 33 -> 194, T = 4 30 -> 150, T = 6 64 -> 144. */
     .mx_gemv_t = 4, .i8_gemv_t = 8,
     /* MX GEMV on a prepared input: AVX2's shift/mask decoders (kernel_bench mx 768 2048, one thread, Intel
-     * Xeon: MXFP8 17.2 against 10.5-12.3 G elements/s for gemv_mx here, MXFP4 17.4 against 16.1). */
+     * Xeon: MXFP8 17.2 against 10.5-12.3 G elements/s for gemv_mx here, MXFP4 17.4 against 16.1); for
+     * MXFP8, the same decoder in 512 bits where the CPU has AVX512BW (gemv_mx_avx512.c, 21.9). */
     .a8_prep_any = 1, .a8_prep = q3_avx2_mx_prep, .gemv_a8 = q3_avx2_gemv_mx,
     /* MXINT8 inputs: AVX2's integer GEMV (256-bit; memory-bound on the Intel Xeon measured) and GEMM
      * (replaced by the VNNI one where the CPU has it). */
