@@ -53,6 +53,11 @@ static void init_tables(void) {
     g_scale4 = q3_mx_scale_table(Q3_MXFP4);
 }
 
+const uint8_t *q3_avx2_fp4_bf16_bytes(int hi) {
+    pthread_once(&g_once, init_tables);
+    return hi ? g_fp4_hi : g_fp4_lo;
+}
+
 /* Input order: MXFP8 per 32-block, slot 8v + 4l + j of the copy (vector
  * v, 128-bit lane l, dword j) holds element 16l + 4j + fp8_off[v]; MXFP4
  * per pair of blocks (lane l from block l), slot 8v + 4l + j of the 64

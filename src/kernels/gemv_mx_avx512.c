@@ -24,9 +24,9 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-static const int OFF[4] = {0, 2, 1, 3};
+static const int OFF[4] = {0, 2, 1, 3}, OFF4[8] = {0, 2, 16, 18, 1, 3, 17, 19};
 
-static int fits(int K, q3_dtype wt) { return wt == Q3_MXFP8 && K % 64 == 0; }
+static int fits(int K, q3_dtype wt) { return wt == Q3_MXFP8 ? K % 64 == 0 : wt == Q3_MXFP4 && K % 128 == 0; }
 
 void q3_avx512_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
     if (!fits(K, wt)) {
@@ -34,9 +34,60 @@ void q3_avx512_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
         return;
     }
     float *xb = xbv;
+    if (wt == Q3_MXFP4) {
+        for (int k = 0; k < K; k += 128)
+            for (int v = 0; v < 8; v++)
+                for (int l = 0; l < 4; l++)
+                    for (int j = 0; j < 4; j++) xb[k + 16 * v + 4 * l + j] = x[k + 32 * l + 4 * j + OFF4[v]];
+        return;
+    }
     for (int k = 0; k < K; k += 64)
         for (int v = 0; v < 4; v++)
             for (int d = 0; d < 16; d++) xb[k + 16 * v + d] = x[k + 4 * d + OFF[v]];
+}
+
+/* bf16 words -> fp32, each word the top half of a dword. */
+INLINE void words_to_f32(__m512i w0, __m512i w1, __m512 f[4]) {
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+    f[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, hi));
+    f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+    f[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, hi));
+}
+
+/* Four blocks of E2M1 codes (64 bytes; 128-bit lane l holds block l) ->
+ * eight vectors of fp32 (twice the values), as gemv_mx_avx2.c's fp4x64
+ * does for two: the nibbles index lookups of the bf16 bytes. */
+INLINE void fp4x128(const uint8_t *p, __m512i lut_hi, __m512i lut_lo, __m512 f[8]) {
+    const __m512i b = _mm512_loadu_si512(p), m4 = _mm512_set1_epi8(0x0f);
+    const __m512i i0 = _mm512_and_si512(b, m4), i1 = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+    __m512i h = _mm512_shuffle_epi8(lut_hi, i0), l = _mm512_shuffle_epi8(lut_lo, i0);
+    words_to_f32(_mm512_unpacklo_epi8(l, h), _mm512_unpackhi_epi8(l, h), f);
+    h = _mm512_shuffle_epi8(lut_hi, i1), l = _mm512_shuffle_epi8(lut_lo, i1);
+    words_to_f32(_mm512_unpacklo_epi8(l, h), _mm512_unpackhi_epi8(l, h), f + 4);
+}
+
+/* One MXFP4 row, four blocks per step; block l's factor in lanes 4 l .. 4 l + 3. */
+INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const float *xb, const float *tab, __m512i lut_hi,
+                     __m512i lut_lo, size_t pf) {
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    for (int b = 0; b < nb; b += 4) {
+        const float *xs = xb + (size_t)b * 32;
+        _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
+        __m512 f[8];
+        fp4x128(el + (size_t)b * 16, lut_hi, lut_lo, f);
+        __m512 d0 = _mm512_mul_ps(f[0], _mm512_loadu_ps(xs)), d1 = _mm512_mul_ps(f[1], _mm512_loadu_ps(xs + 16));
+        for (int v = 2; v < 8; v += 2) {
+            d0 = _mm512_fmadd_ps(f[v], _mm512_loadu_ps(xs + 16 * v), d0);
+            d1 = _mm512_fmadd_ps(f[v + 1], _mm512_loadu_ps(xs + 16 * v + 16), d1);
+        }
+        const __m128 t = _mm_setr_ps(tab[sc[b]], tab[sc[b + 1]], tab[sc[b + 2]], tab[sc[b + 3]]);
+        const __m512 s = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(t));
+        if (b & 4) acc1 = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc1);
+        else acc0 = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
 /* 64 E4M3 codes -> four vectors of fp32 (times 2^-120), in OFF's order. */
@@ -75,13 +126,18 @@ void q3_avx512_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int
         q3_avx2_gemv_mx(out, xbv, W, r0, r1);
         return;
     }
-    const float *xb = xbv, *tab = q3_mx_scale_table(Q3_MXFP8);
+    const int fp4 = W->dtype == Q3_MXFP4;
+    const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K;
+    const float *xb = xbv, *tab = q3_mx_scale_table(W->dtype);
     const uint8_t *el = W->data, *sc = W->scales;
-    const size_t pf = q3_pf_weights((size_t)K), spf = q3_pf_scales((size_t)nb);
+    const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
+    const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(1))),
+                  lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(0)));
     for (int r = r0; r < r1; r++) {
         const uint8_t *s = sc + (size_t)r * nb;
         _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
-        out[r - r0] = row_fp8(el + (size_t)r * K, s, nb, xb, tab, pf);
+        out[r - r0] = fp4 ? row_fp4(el + (size_t)r * eb, s, nb, xb, tab, lut_hi, lut_lo, pf)
+                          : row_fp8(el + (size_t)r * eb, s, nb, xb, tab, pf);
     }
 }
 void q3_avx512bw_mx_kernels(q3_isa_kernels *k) {
