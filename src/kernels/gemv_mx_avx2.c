@@ -58,26 +58,23 @@ const uint8_t *q3_avx2_fp4_bf16_bytes(int hi) {
     return hi ? g_fp4_hi : g_fp4_lo;
 }
 
-/* Input order: MXFP8 per 32-block, slot 8v + 4l + j of the copy (vector
- * v, 128-bit lane l, dword j) holds element 16l + 4j + fp8_off[v]; MXFP4
- * per pair of blocks (lane l from block l), slot 8v + 4l + j of the 64
- * holds element 32l + 4j + fp4_off[v]. */
+/* Input order for vectors of `lanes` 128-bit lanes (2 here, 4 in
+ * gemv_mx_avx512.c): MXFP8 per 16 * lanes elements, slot 4 lanes v + 4l + j
+ * of the copy (vector v, lane l, dword j) holds element 16l + 4j +
+ * fp8_off[v]; MXFP4 per 32 * lanes elements (lane l from block l), slot
+ * 4 lanes v + 4l + j holds element 32l + 4j + fp4_off[v]. */
 static const int fp8_off[4] = {0, 2, 1, 3}, fp4_off[8] = {0, 2, 16, 18, 1, 3, 17, 19};
 
-void q3_avx2_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
-    float *xb = xbv;
-    if (wt == Q3_MXFP4) {
-        for (int k = 0; k < K; k += 64)
-            for (int v = 0; v < 8; v++)
-                for (int l = 0; l < 2; l++)
-                    for (int j = 0; j < 4; j++) xb[k + 8 * v + 4 * l + j] = x[k + 32 * l + 4 * j + fp4_off[v]];
-        return;
-    }
-    for (int k = 0; k < K; k += 32)
-        for (int v = 0; v < 4; v++)
-            for (int l = 0; l < 2; l++)
-                for (int j = 0; j < 4; j++) xb[k + 8 * v + 4 * l + j] = x[k + 16 * l + 4 * j + fp8_off[v]];
+void q3_mx_prep_lanes(float *xb, const float *x, int K, q3_dtype wt, int lanes) {
+    const int fp4 = wt == Q3_MXFP4, nv = fp4 ? 8 : 4, span = fp4 ? 32 : 16;
+    for (int k = 0; k < K; k += span * lanes)
+        for (int v = 0; v < nv; v++)
+            for (int l = 0; l < lanes; l++)
+                for (int j = 0; j < 4; j++)
+                    xb[k + 4 * lanes * v + 4 * l + j] = x[k + span * l + 4 * j + (fp4 ? fp4_off[v] : fp8_off[v])];
 }
+
+void q3_avx2_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) { q3_mx_prep_lanes(xbv, x, K, wt, 2); }
 
 /* bf16 words (or E4M3 words shaped like them) -> fp32: each word becomes
  * the top half of a dword, by masks and shifts rather than unpacks (which

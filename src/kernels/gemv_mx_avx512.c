@@ -1,16 +1,18 @@
-/* AVX-512 GEMV for MXFP8 weights against fp32 inputs (weight-only MXFP8
- * and the A8 linears of the float schemes) on CPUs without AVX-512 BF16:
- * gemv_mx_avx2.c's shift/mask E4M3 decoder on 64 elements (two blocks) at
- * a time, with the input copy permuted to the order it leaves them in.
- * Other weights, and rows of K % 64 != 0, take the AVX2 kernel and its
- * copy.
+/* AVX-512 GEMV for MXFP8 and MXFP4 weights against fp32 inputs
+ * (weight-only MX and the A8 linears of the float schemes) on CPUs without
+ * AVX-512 BF16: gemv_mx_avx2.c's decoders on whole 512-bit vectors, 64
+ * E4M3 codes (two blocks) or 128 E2M1 codes (four) at a time, with the
+ * input copy permuted to the order they leave the elements in
+ * (q3_mx_prep_lanes with 4 lanes). Rows of other lengths (MXFP8: K % 64 !=
+ * 0, MXFP4: K % 128 != 0) take the AVX2 kernel and its copy.
  *
- * The decoder: byte b moved to the top of a 16-bit word, shifted right 4
+ * E4M3: byte b moved to the top of a 16-bit word, shifted right 4
  * (arithmetic) and masked holds the sign at bit 15 and the 7 magnitude bits
  * at 10..4; as the top half of an fp32 that is the E4M3 value times 2^-120,
- * subnormals included (the scale table takes the 2^120 back). Dword d of
- * decoded vector v holds element 4 d + OFF[v] of the 64, so lanes 0-7
- * belong to the first block and 8-15 to the second. The 16-bit shifts need
+ * subnormals included (the scale table takes the 2^120 back). E2M1: the
+ * nibbles index lookups of the bf16 bytes of twice each value. Either way
+ * each 128-bit lane of the decoded vectors holds one block's elements
+ * (MXFP8: two lanes per block). The 16-bit shifts and byte shuffles need
  * AVX512BW: q3_avx512bw_mx_kernels puts these in the table where the CPU
  * has it. */
 #pragma GCC push_options
@@ -24,8 +26,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-static const int OFF[4] = {0, 2, 1, 3}, OFF4[8] = {0, 2, 16, 18, 1, 3, 17, 19};
-
 static int fits(int K, q3_dtype wt) { return wt == Q3_MXFP8 ? K % 64 == 0 : wt == Q3_MXFP4 && K % 128 == 0; }
 
 void q3_avx512_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
@@ -33,17 +33,7 @@ void q3_avx512_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
         q3_avx2_mx_prep(xbv, x, K, wt);
         return;
     }
-    float *xb = xbv;
-    if (wt == Q3_MXFP4) {
-        for (int k = 0; k < K; k += 128)
-            for (int v = 0; v < 8; v++)
-                for (int l = 0; l < 4; l++)
-                    for (int j = 0; j < 4; j++) xb[k + 16 * v + 4 * l + j] = x[k + 32 * l + 4 * j + OFF4[v]];
-        return;
-    }
-    for (int k = 0; k < K; k += 64)
-        for (int v = 0; v < 4; v++)
-            for (int d = 0; d < 16; d++) xb[k + 16 * v + d] = x[k + 4 * d + OFF[v]];
+    q3_mx_prep_lanes(xbv, x, K, wt, 4);
 }
 
 /* bf16 words -> fp32, each word the top half of a dword. */
@@ -90,7 +80,7 @@ INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const float *
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-/* 64 E4M3 codes -> four vectors of fp32 (times 2^-120), in OFF's order. */
+/* 64 E4M3 codes -> four vectors of fp32 (times 2^-120), in the copy's order. */
 INLINE void fp8x64(const uint8_t *p, __m512 f[4]) {
     const __m512i b = _mm512_loadu_si512(p), m = _mm512_set1_epi16((short)0x87F0), hi = _mm512_set1_epi32((int)0xFFFF0000u);
     const __m512i w0 = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 4), m);

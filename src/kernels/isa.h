@@ -199,6 +199,9 @@ void q3_avx512vnni_i8_kernels(q3_isa_kernels *k);
  * K % 64 == 0 (others: the AVX2 one), and its input copy; fills them into
  * an AVX-512 table (CPUs with AVX512BW only). */
 void q3_avx512_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
+/* The MX GEMVs' input copy for vectors of `lanes` 128-bit lanes
+ * (gemv_mx_avx2.c: 2; gemv_mx_avx512.c: 4). */
+void q3_mx_prep_lanes(float *xb, const float *x, int K, q3_dtype wt, int lanes);
 /* gemv_mx_avx2.c's E2M1 lookup tables: the high (hi) or low byte of twice
  * each of the 16 values as bf16, twice over (32 bytes). */
 const uint8_t *q3_avx2_fp4_bf16_bytes(int hi);
