@@ -61,17 +61,24 @@ static int chunk_of(int T) {
     return ((T + n - 1) / n + 15) / 16 * 16;
 }
 
+/* The lanes of the MX decoders that widen rows of dtype wt and K columns:
+ * AVX-512's (gemv_mx_avx512.c, 4) where the CPU has AVX512BW and K fits
+ * them, else AVX2's (2). 1.3x per element from cache. */
+static int mx_lanes(q3_dtype wt, int K) {
+    return __builtin_cpu_supports("avx512bw") && (wt == Q3_MXFP8 ? K % 64 == 0 : K % 128 == 0) ? 4 : 2;
+}
+
 /* One chunk of T <= CHUNK tokens at ap: the lane panel ap[k][t] = x[t][k]
  * for t < 16 * tv, one gather per 16 tokens and k (lanes past T are zero;
  * the scalar transposition took 6 % of prefill), then the rem remainder
  * tokens as rows of K floats, K + PAD apart. For MXFP8 / MXFP4 weights
- * (wt), whose rows widen in the AVX2 decoders' element order, the token
- * rows are first permuted to that order (q3_avx2_mx_prep, exact). */
+ * (wt), whose rows widen in the MX GEMV decoders' element order, the token
+ * rows are first permuted to that order (q3_mx_prep_lanes, exact). */
 static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     static _Thread_local float *perm; /* CHUNK permuted rows; prefill only, kept for the thread's life */
     if (q3_dtype_is_mxfp(wt)) {
         if (!perm) perm = q3_malloc((size_t)CHUNK * Q3_LANE_KMAX * sizeof *perm);
-        for (int t = 0; t < T; t++) q3_avx2_mx_prep(perm + (size_t)t * K, x + (size_t)t * ldx, K, wt);
+        for (int t = 0; t < T; t++) q3_mx_prep_lanes(perm + (size_t)t * K, x + (size_t)t * ldx, K, wt, mx_lanes(wt, K));
         x = perm, ldx = (size_t)K;
     }
     int tv, rem;
@@ -102,13 +109,14 @@ void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, 
 }
 
 /* Row r of W widened to fp32 (contiguous rows, K % 16 == 0; MX rows: K %
- * 64 == 0, MXFP8 / MXFP4 in q3_avx2_mx_prep's element order, MXINT8 in
- * stored order, block scales applied). */
+ * 64 == 0, MXFP8 / MXFP4 in q3_mx_prep_lanes' element order for
+ * mx_lanes, MXINT8 in stored order, block scales applied). */
 static void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
     const int K = W->cols;
     const size_t rs = W->rs ? W->rs : (size_t)K;
     if (q3_dtype_is_mxfp(W->dtype)) { /* whole rows only */
-        q3_avx2_mx_row_slots(W, r, dst);
+        if (mx_lanes(W->dtype, K) == 4) q3_avx512_mx_row_slots(W, r, dst);
+        else q3_avx2_mx_row_slots(W, r, dst);
         return;
     }
     if (q3_dtype_is_mx(W->dtype)) {

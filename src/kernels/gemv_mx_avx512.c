@@ -57,10 +57,20 @@ INLINE void fp4x128(const uint8_t *p, __m512i lut_hi, __m512i lut_lo, __m512 f[8
     words_to_f32(_mm512_unpacklo_epi8(l, h), _mm512_unpackhi_epi8(l, h), f + 4);
 }
 
+/* The factors of two MXFP8 blocks (lanes 0-7, 8-15) / four MXFP4 blocks
+ * (lanes 4 l .. 4 l + 3). */
+INLINE __m512 fp8_factors(const uint8_t *sc, const float *tab) {
+    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(tab[sc[0]]), 0xFF00, _mm_set_ss(tab[sc[1]]));
+}
+
+INLINE __m512 fp4_factors(const uint8_t *sc, const float *tab) {
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_setr_ps(tab[sc[0]], tab[sc[1]], tab[sc[2]], tab[sc[3]])));
+}
+
 /* One MXFP4 row, four blocks per step; block l's factor in lanes 4 l .. 4 l + 3. */
 INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const float *xb, const float *tab, __m512i lut_hi,
                      __m512i lut_lo, size_t pf) {
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
     for (int b = 0; b < nb; b += 4) {
         const float *xs = xb + (size_t)b * 32;
@@ -72,8 +82,7 @@ INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const float *
             d0 = _mm512_fmadd_ps(f[v], _mm512_loadu_ps(xs + 16 * v), d0);
             d1 = _mm512_fmadd_ps(f[v + 1], _mm512_loadu_ps(xs + 16 * v + 16), d1);
         }
-        const __m128 t = _mm_setr_ps(tab[sc[b]], tab[sc[b + 1]], tab[sc[b + 2]], tab[sc[b + 3]]);
-        const __m512 s = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(t));
+        const __m512 s = fp4_factors(sc + b, tab);
         if (b & 4) acc1 = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc1);
         else acc0 = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc0);
     }
@@ -103,7 +112,7 @@ INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, int nb, const float *
         __m512 d0 = _mm512_mul_ps(f[0], _mm512_loadu_ps(xs)), d1 = _mm512_mul_ps(f[1], _mm512_loadu_ps(xs + 16));
         d0 = _mm512_fmadd_ps(f[2], _mm512_loadu_ps(xs + 32), d0);
         d1 = _mm512_fmadd_ps(f[3], _mm512_loadu_ps(xs + 48), d1);
-        const __m512 s = _mm512_mask_broadcastss_ps(_mm512_set1_ps(tab[sc[b]]), 0xFF00, _mm_set_ss(tab[sc[b + 1]]));
+        const __m512 s = fp8_factors(sc + b, tab);
         if (b & 2) acc1 = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc1);
         else acc0 = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc0);
     }
@@ -130,6 +139,31 @@ void q3_avx512_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int
                           : row_fp8(el + (size_t)r * eb, s, nb, xb, tab, pf);
     }
 }
+void q3_avx512_mx_row_slots(const q3_mat *W, int r, float *dst) {
+    const int K = W->cols, nb = K / 32;
+    const uint8_t *sc = W->scales + (size_t)r * nb;
+    const float *tab = q3_mx_scale_table(W->dtype);
+    if (W->dtype == Q3_MXFP4) {
+        const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (K / 2);
+        const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(1))),
+                      lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(0)));
+        for (int b = 0; b < nb; b += 4) {
+            __m512 f[8];
+            fp4x128(el + (size_t)b * 16, lut_hi, lut_lo, f);
+            const __m512 s = fp4_factors(sc + b, tab);
+            for (int v = 0; v < 8; v++) _mm512_storeu_ps(dst + (size_t)b * 32 + 16 * v, _mm512_mul_ps(f[v], s));
+        }
+        return;
+    }
+    const uint8_t *el = (const uint8_t *)W->data + (size_t)r * K;
+    for (int b = 0; b < nb; b += 2) {
+        __m512 f[4];
+        fp8x64(el + (size_t)b * 32, f);
+        const __m512 s = fp8_factors(sc + b, tab);
+        for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + (size_t)b * 32 + 16 * v, _mm512_mul_ps(f[v], s));
+    }
+}
+
 void q3_avx512bw_mx_kernels(q3_isa_kernels *k) {
     k->a8_prep = q3_avx512_mx_prep;
     k->gemv_a8 = q3_avx512_gemv_mx;
