@@ -161,6 +161,12 @@ void bench_print_table(FILE *f, const bench_results *r) {
 static void set_num(json_t *o, const char *k, double v) { json_object_set_new(o, k, json_real(v)); }
 static void set_int(json_t *o, const char *k, long long v) { json_object_set_new(o, k, json_integer((json_int_t)v)); }
 static void set_str(json_t *o, const char *k, const char *v) { json_object_set_new(o, k, json_string(v)); }
+/* A new empty object at o[k]. */
+static json_t *add_object(json_t *o, const char *k) {
+    json_t *e = json_object();
+    json_object_set_new(o, k, e);
+    return e;
+}
 
 /* One phase of --comm-stats, everything per unit (prompt or token). */
 static json_t *comm_json(const bench_comm *b, const char *per) {
@@ -264,12 +270,10 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "matmul_gflops", p->mm_gflops);
             set_num(o, "matmul_pct_fma_peak", pct(p->mm_gflops, r->fma.gflops));
             set_num(o, "matmul_time_share", p->mm_share);
-            json_t *parts = json_object();
-            json_object_set_new(o, "matmul_parts", parts);
+            json_t *parts = add_object(o, "matmul_parts");
             for (int q = 0; q < Q3_MM_PARTS; q++) {
                 if (p->part_ms[q] <= 0) continue;
-                json_t *e = json_object();
-                json_object_set_new(parts, q3_mm_part_name((q3_mm_part)q), e);
+                json_t *e = add_object(parts, q3_mm_part_name((q3_mm_part)q));
                 set_num(e, "ms", p->part_ms[q]);
                 set_num(e, "gflops", p->part_gflops[q]);
             }
@@ -293,12 +297,10 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "gbs", d->gbs);
             set_num(o, "matmul_ms_per_token", d->mm_ms);
             set_num(o, "matmul_time_share", d->mm_share);
-            json_t *parts = json_object();
-            json_object_set_new(o, "matmul_parts", parts);
+            json_t *parts = add_object(o, "matmul_parts");
             for (int p = 0; p < Q3_MM_PARTS; p++) {
                 if (d->part_ms[p] <= 0) continue;
-                json_t *q = json_object();
-                json_object_set_new(parts, q3_mm_part_name((q3_mm_part)p), q);
+                json_t *q = add_object(parts, q3_mm_part_name((q3_mm_part)p));
                 set_num(q, "ms_per_token", d->part_ms[p]);
                 set_num(q, "weight_bytes_per_token", d->part_bytes[p]);
                 set_num(q, "gbs", d->part_bytes[p] / (d->part_ms[p] * 1e6));

@@ -65,7 +65,7 @@ static int chunk_of(int T) {
  * AVX-512's (gemv_mx_avx512.c, 4) where the CPU has AVX512BW and K fits
  * them, else AVX2's (2). 1.3x per element from cache. */
 static int mx_lanes(q3_dtype wt, int K) {
-    return __builtin_cpu_supports("avx512bw") && (wt == Q3_MXFP8 ? K % 64 == 0 : K % 128 == 0) ? 4 : 2;
+    return __builtin_cpu_supports("avx512bw") && q3_mx_wide_fits(wt, K) ? 4 : 2;
 }
 
 /* One chunk of T <= CHUNK tokens at ap: the lane panel ap[k][t] = x[t][k]

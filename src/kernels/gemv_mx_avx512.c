@@ -26,10 +26,8 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-static int fits(int K, q3_dtype wt) { return wt == Q3_MXFP8 ? K % 64 == 0 : wt == Q3_MXFP4 && K % 128 == 0; }
-
 void q3_avx512_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
-    if (!fits(K, wt)) {
+    if (!q3_mx_wide_fits(wt, K)) {
         q3_avx2_mx_prep(xbv, x, K, wt);
         return;
     }
@@ -43,6 +41,12 @@ INLINE void words_to_f32(__m512i w0, __m512i w1, __m512 f[4]) {
     f[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, hi));
     f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
     f[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, hi));
+}
+
+/* gemv_mx_avx2.c's E2M1 byte tables in all four 128-bit lanes. */
+INLINE void fp4_luts(__m512i *hi, __m512i *lo) {
+    *hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(1)));
+    *lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(0)));
 }
 
 /* Four blocks of E2M1 codes (64 bytes; 128-bit lane l holds block l) ->
@@ -121,7 +125,7 @@ INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, int nb, const float *
 
 void q3_avx512_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int r1) {
     const int K = W->cols, nb = K / 32;
-    if (!fits(K, W->dtype)) {
+    if (!q3_mx_wide_fits(W->dtype, K)) {
         q3_avx2_gemv_mx(out, xbv, W, r0, r1);
         return;
     }
@@ -130,8 +134,8 @@ void q3_avx512_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int
     const float *xb = xbv, *tab = q3_mx_scale_table(W->dtype);
     const uint8_t *el = W->data, *sc = W->scales;
     const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
-    const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(1))),
-                  lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(0)));
+    __m512i lut_hi, lut_lo;
+    fp4_luts(&lut_hi, &lut_lo);
     for (int r = r0; r < r1; r++) {
         const uint8_t *s = sc + (size_t)r * nb;
         _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
@@ -139,14 +143,15 @@ void q3_avx512_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int
                           : row_fp8(el + (size_t)r * eb, s, nb, xb, tab, pf);
     }
 }
+
 void q3_avx512_mx_row_slots(const q3_mat *W, int r, float *dst) {
     const int K = W->cols, nb = K / 32;
     const uint8_t *sc = W->scales + (size_t)r * nb;
     const float *tab = q3_mx_scale_table(W->dtype);
     if (W->dtype == Q3_MXFP4) {
         const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (K / 2);
-        const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(1))),
-                      lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_avx2_fp4_bf16_bytes(0)));
+        __m512i lut_hi, lut_lo;
+        fp4_luts(&lut_hi, &lut_lo);
         for (int b = 0; b < nb; b += 4) {
             __m512 f[8];
             fp4x128(el + (size_t)b * 16, lut_hi, lut_lo, f);

@@ -199,6 +199,10 @@ void q3_avx512vnni_i8_kernels(q3_isa_kernels *k);
  * K % 64 == 0 (others: the AVX2 one), and its input copy; fills them into
  * an AVX-512 table (CPUs with AVX512BW only). */
 void q3_avx512_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
+/* Rows the 512-bit MX decoders take: MXFP8 K % 64 == 0, MXFP4 K % 128 == 0. */
+static inline int q3_mx_wide_fits(q3_dtype wt, int K) {
+    return wt == Q3_MXFP8 ? K % 64 == 0 : wt == Q3_MXFP4 && K % 128 == 0;
+}
 /* The MX GEMVs' input copy for vectors of `lanes` 128-bit lanes
  * (gemv_mx_avx2.c: 2; gemv_mx_avx512.c: 4). */
 void q3_mx_prep_lanes(float *xb, const float *x, int K, q3_dtype wt, int lanes);
