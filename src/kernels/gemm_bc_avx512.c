@@ -42,8 +42,13 @@ enum { REM_MAX = 6 };
  * sets, and a step reads one line of each. */
 enum { PAD = 16 };
 
-/* Columns widened at a time for plain rows: 8 rows of 512 floats, 16 KiB. */
-enum { BLOCK = 512 };
+/* Columns widened at a time for plain rows: 8 rows of 128 floats, 4 KiB,
+ * so that they and the token panel's block (128 x 32 floats for 32 tokens)
+ * fit L1 together. With 512 (a 64 KiB block) the widening took 20 % of the
+ * kernel's samples, with 128 13 %: kernel_bench 1536 2048 32 264 -> 276
+ * GFLOP/s, moe-prefill gate+up 237 -> 245 (Intel Xeon of BENCHMARKS.md);
+ * 64-128 tokens the same. */
+enum { BLOCK = 128 };
 
 /* Tokens per chunk: a product of up to Q3_BC_TOKENS_MAX tokens runs as
  * chunks of 3 token vectors (the tile's most) against each group of
