@@ -42,13 +42,16 @@ enum { REM_MAX = 6 };
  * sets, and a step reads one line of each. */
 enum { PAD = 16 };
 
-/* Columns widened at a time for plain rows: 8 rows of 128 floats, 4 KiB,
- * so that they and the token panel's block (128 x 32 floats for 32 tokens)
- * fit L1 together. With 512 (a 64 KiB block) the widening took 20 % of the
- * kernel's samples, with 128 13 %: kernel_bench 1536 2048 32 264 -> 276
- * GFLOP/s, moe-prefill gate+up 237 -> 245 (Intel Xeon of BENCHMARKS.md);
- * 64-128 tokens the same. */
-enum { BLOCK = 128 };
+/* Columns widened at a time for plain rows: for one chunk of tokens, 8
+ * rows of 128 floats (4 KiB), so that they and the chunk's block of the
+ * token panel (128 x 32 floats for 32 tokens) fit L1 together. With 512
+ * (a 64 KiB block) the widening took 20 % of the kernel's samples, with
+ * 128 13 %: kernel_bench 1536 2048 32 264 -> 276 GFLOP/s, moe-prefill
+ * gate+up 237 -> 245 (Intel Xeon of BENCHMARKS.md). Several chunks reuse
+ * each widened row, and there 512 stays a little faster (q30b8 BF16
+ * prefill 4096, two pairs: matmuls 69.8 / 70.1 % of the peak against 69.3
+ * / 69.0 with 128). */
+enum { BLOCK = 128, BLOCK_CHUNKS = 512 };
 
 /* Tokens per chunk: a product of up to Q3_BC_TOKENS_MAX tokens runs as
  * chunks of 3 token vectors (the tile's most) against each group of
@@ -272,10 +275,11 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
     /* Steps of k over which the next rows are prefetched: the first chunk's tile, or its remainder's. */
     q3_split_tokens(T < cs ? T : cs, REM_MAX, &tv, &rem);
     const int steps = tv ? K : (K / 16) * ((rem + 2) / 3);
-    /* Plain rows widen BLOCK columns at a time, so the 8 rows' block stays
+    /* Plain rows widen a block of columns at a time, so the 8 rows' block stays
      * in L1 for every chunk; MX rows widen whole (their decoders' order
      * spans each row). */
-    const int mx = q3_dtype_is_mx(W->dtype), KB = mx ? K : BLOCK, ws = mx ? K + PAD : BLOCK + PAD;
+    const int mx = q3_dtype_is_mx(W->dtype), block = T > cs ? BLOCK_CHUNKS : BLOCK;
+    const int KB = mx ? K : block, ws = mx ? K + PAD : block + PAD;
     float stage[Q3_STAGE_ROWS * Q3_BC_TOKENS_MAX] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += ROWS) {
         const int R = r1 - rg < ROWS ? r1 - rg : ROWS, at = (rg - r0) % Q3_STAGE_ROWS;
@@ -292,7 +296,8 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
             for (int t0 = 0; t0 < T; t0 += cs) {
                 const int tc = T - t0 < cs ? T - t0 : cs;
                 if (mx) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, part, &nx);
-                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, part, &nx);
+                else if (block == BLOCK) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, part, &nx);
+                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, part, &nx);
             }
         }
         if (at + ROWS == Q3_STAGE_ROWS || rg + ROWS >= r1) /* a full stage, or the last rows */
