@@ -7,13 +7,17 @@
  * Decode MoE passes (8 of E MXFP4 experts per token, gate+up then down;
  * MXFP8 then MXINT8 inputs):
  *   build/kernel_bench moe [experts hidden ffn tokens]
- * Prefill MoE passes of a P-token prompt (8 of E BF16 experts per token):
- *   build/kernel_bench moe-prefill [experts hidden ffn P reps]
+ * Prefill MoE passes of a P-token prompt (8 of E BF16 experts per token;
+ * skew > 1 draws expert u^skew * E for uniform u, so that some experts get
+ * few tokens and some many, as in the deeper layers of a model; it prints
+ * how many experts got how many tokens):
+ *   build/kernel_bench moe-prefill [experts hidden ffn P reps skew]
  * Causal prefill attention of one layer, then decode steps at its end
  * (default: Qwen3-30B-A3B heads; Q3MOE_ISA=NAME runs only that ISA;
  * Q3_BENCH_DECODE_ONLY=1 skips the prefill; decode visits `layers` caches
  * in turn, so that more than the last-level cache is streamed as in a model):
  *   build/kernel_bench attn [positions heads kv_heads head_dim reps layers] */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -180,7 +184,11 @@ static int moe_bench(int E, int H, int F, int tokens) {
  * each token routed to 8 of E BF16 experts (a fixed pseudo-random draw, so
  * expert token counts vary as a router's would), gate and up of every
  * expert in one matmul pass, down in the next; weights streamed from DRAM. */
-static int moe_prefill_bench(int E, int H, int F, int P, int reps) {
+static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew) {
+    if (E < 8 || H < 1 || F < 1 || P < 1 || reps < 1 || !(skew > 0.0 && skew <= 16.0)) {
+        fprintf(stderr, "kernel_bench moe-prefill: need experts >= 8, positive sizes and reps, 0 < skew <= 16\n");
+        return 2;
+    }
     uint16_t *w = big_alloc((size_t)E * 3 * F * H * 2);
     int *cnt = calloc((size_t)E, sizeof *cnt);
     if (!w || !cnt) return 1;
@@ -190,7 +198,8 @@ static int moe_prefill_bench(int E, int H, int F, int P, int reps) {
         int chosen[8];
         for (int k = 0; k < 8 && k < E;) { /* 8 distinct experts per token */
             seed = seed * 1103515245u + 12345u;
-            const int e = (int)((seed >> 8) % (unsigned)E);
+            const double u = (double)((seed >> 8) % 1000000u) / 1e6;
+            const int e = skew == 1.0 ? (int)((seed >> 8) % (unsigned)E) : (int)(E * pow(u, skew)) % E;
             int dup = 0;
             for (int j = 0; j < k; j++) dup |= chosen[j] == e;
             if (!dup) chosen[k++] = e, cnt[e]++;
@@ -206,6 +215,17 @@ static int moe_prefill_bench(int E, int H, int F, int P, int reps) {
     for (int e = 0; e < E; e++)
         for (int m = 0; m < 3; m++)
             mats[3 * e + m] = (q3_mat){.data = w + ((size_t)3 * e + m) * F * H, .dtype = Q3_BF16, .rows = m < 2 ? F : H, .cols = m < 2 ? H : F};
+    if (skew != 1.0) {
+        static const int upto[] = {0, 8, 16, 22, 32, 38, 48, INT32_MAX};
+        int n[8] = {0};
+        for (int e = 0; e < E; e++) {
+            int b = 0;
+            while (cnt[e] > upto[b]) b++;
+            n[b]++;
+        }
+        printf("experts by tokens (skew %.2f): 0: %d, 1-8: %d, 9-16: %d, 17-22: %d, 23-32: %d, 33-38: %d, 39-48: %d, more: %d\n",
+               skew, n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]);
+    }
     double f13 = 0, fdn = 0;
     for (int e = 0; e < E; e++) f13 += 2.0 * cnt[e] * 2 * F * H, fdn += 2.0 * cnt[e] * F * H;
     double b13 = 1e30, bdn = 1e30;
@@ -293,7 +313,7 @@ int main(int argc, char **argv) {
                           argc > 5 ? atoi(argv[5]) : 128, argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atoi(argv[7]) : 1);
     if (argc > 1 && !strcmp(argv[1], "moe-prefill"))
         return moe_prefill_bench(argc > 2 ? atoi(argv[2]) : 128, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 768,
-                                 argc > 5 ? atoi(argv[5]) : 512, argc > 6 ? atoi(argv[6]) : 3);
+                                 argc > 5 ? atoi(argv[5]) : 512, argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atof(argv[7]) : 1.0);
     if (argc > 1 && !strcmp(argv[1], "moe"))
         return moe_bench(argc > 2 ? atoi(argv[2]) : 128, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 768,
                          argc > 5 ? atoi(argv[5]) : 200);

@@ -144,7 +144,12 @@ static void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
     }
 }
 
-/* Rows per tile: 16 rows for one token vector measured 30 % slower. */
+/* Rows per tile: 8, and 16 where a product is one token vector (up to 22
+ * tokens): 8 accumulators, one FMA each per k, left the FMA latency
+ * exposed. (16 rows measured 30 % slower with 512-column blocks, whose
+ * widened rows then overflowed L1.) kernel_bench 1536 2048 T: T = 8 106 ->
+ * 119, 16 205 -> 243, 19 202 -> 230 GFLOP/s; q30b8 BF16 prefill 512, three
+ * pairs: experts 224-226 -> 226-233 GFLOP/s. */
 enum { ROWS = 8 };
 
 /* The next rows' weights, prefetched one line every `every` steps of the
@@ -171,14 +176,15 @@ INLINE void next_rows_step(next_rows *nx) {
     }
 }
 
-/* stage[r * ts + t] for r < ROWS, t < 16 * TB: columns k0 .. k0 + kc of
- * the products, from the ROWS widened rows' columns at wb[r * ws ..], added
+/* stage[r * ts + t] for r < NR, t < 16 * TB: columns k0 .. k0 + kc of
+ * the products, from the NR widened rows' columns at wb[r * ws ..], added
  * to the stage's sums of the columns before k0. */
-INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const float *wb, int ws, const int TB, next_rows *nx) {
+INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const float *wb, int ws, const int NR, const int TB,
+                 next_rows *nx) {
     const int TP = 16 * TB;
-    __m512 acc[ROWS][3];
-#pragma GCC unroll 8
-    for (int r = 0; r < ROWS; r++)
+    __m512 acc[2 * ROWS][3];
+#pragma GCC unroll 16
+    for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int tb = 0; tb < TB; tb++) acc[r][tb] = k0 ? _mm512_loadu_ps(stage + (size_t)r * ts + 16 * tb) : _mm512_setzero_ps();
     for (int k = 0; k < kc; k++) {
@@ -186,15 +192,15 @@ INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const fl
         __m512 a[3];
 #pragma GCC unroll 3
         for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(ap + (size_t)(k0 + k) * TP + 16 * tb);
-#pragma GCC unroll 8
-        for (int r = 0; r < ROWS; r++) {
+#pragma GCC unroll 16
+        for (int r = 0; r < NR; r++) {
             const __m512 w = _mm512_set1_ps(wb[(size_t)r * ws + k]);
 #pragma GCC unroll 3
             for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
         }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 16
+    for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int tb = 0; tb < TB; tb++) _mm512_storeu_ps(stage + (size_t)r * ts + 16 * tb, acc[r][tb]);
 }
@@ -245,21 +251,67 @@ static void rem_dots(__m512 *part, const float *wb, int ws, const float *xr, int
     }
 }
 
-/* One chunk (tc tokens, packed at apc) against the widened rows' columns
- * k0 .. k0 + kc, into stage columns from st; the remainder's partial sums
- * wait in part and are reduced into the stage after the last columns. */
+/* One chunk (tc tokens, packed at apc) against the G widened rows' columns
+ * k0 .. k0 + kc (G = 16 only for one token vector), into stage columns
+ * from st; the remainder's partial sums wait in part (8 rows at a time) and
+ * are reduced into the stage after the last columns. */
 INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k0, int kc, const float *wb, int ws,
-                       __m512 *part, next_rows *nx) {
+                       const int G, __m512 *part, next_rows *nx) {
     int tv, rem;
     q3_split_tokens(tc, REM_MAX, &tv, &rem);
-    if (tv == 1) tile(st, ts, apc, k0, kc, wb, ws, 1, nx);
-    else if (tv == 2) tile(st, ts, apc, k0, kc, wb, ws, 2, nx);
-    else if (tv == 3) tile(st, ts, apc, k0, kc, wb, ws, 3, nx);
+    if (G == 2 * ROWS) tile(st, ts, apc, k0, kc, wb, ws, 2 * ROWS, 1, nx); /* only for tv == 1 */
+    else if (tv == 1) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 1, nx);
+    else if (tv == 2) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 2, nx);
+    else if (tv == 3) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 3, nx);
     if (!rem) return;
-    rem_dots(part, wb, ws, apc + (size_t)K * 16 * tv, rem, K, k0, kc, nx);
-    if (k0 + kc == K)
-        for (int r = 0; r < ROWS; r++)
-            for (int j = 0; j < rem; j++) st[(size_t)r * ts + 16 * tv + j] = _mm512_reduce_add_ps(part[r * REM_MAX + j]);
+    for (int h = 0; h < G / ROWS; h++) {
+        __m512 *ph = part + h * ROWS * REM_MAX;
+        float *sh = st + (size_t)h * ROWS * ts;
+        rem_dots(ph, wb + (size_t)h * ROWS * ws, ws, apc + (size_t)K * 16 * tv, rem, K, k0, kc, nx);
+        if (k0 + kc == K)
+            for (int r = 0; r < ROWS; r++)
+                for (int j = 0; j < rem; j++) sh[(size_t)r * ts + 16 * tv + j] = _mm512_reduce_add_ps(ph[r * REM_MAX + j]);
+    }
+}
+
+/* A product's shape, as q3_avx512_gemm_bc works it out for row_groups. */
+typedef struct {
+    const float *ap;
+    int T, K, cs, ts, KB, ws, block, mx;
+    size_t rs;
+    int steps;
+} bc_shape;
+
+/* Rows r0 .. r1 in groups of G (a constant after inlining, as every loop
+ * bound inside the tiles must be). */
+INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, float *wbuf, const bc_shape *sh, const int G) {
+    const float *ap = sh->ap;
+    const int T = sh->T, K = sh->K, cs = sh->cs, ts = sh->ts, KB = sh->KB, ws = sh->ws, block = sh->block, mx = sh->mx;
+    const size_t rs = sh->rs;
+    float stage[Q3_STAGE_ROWS * Q3_BC_TOKENS_MAX] __attribute__((aligned(64)));
+    for (int rg = r0; rg < r1; rg += G) {
+        const int R = r1 - rg < G ? r1 - rg : G, at = (rg - r0) % Q3_STAGE_ROWS;
+        const int nrows = W->rows - (rg + G) < G ? W->rows - (rg + G) : G;
+        next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + G) * rs, nrows > 0 ? (size_t)nrows * rs : 0, sh->steps);
+        float *st = stage + (size_t)at * ts;
+        __m512 part[2 * ROWS * REM_MAX];
+        for (int k0 = 0; k0 < K; k0 += KB) {
+            const int kc = K - k0 < KB ? K - k0 : KB;
+            if (!mx || k0 == 0)
+                for (int r = 0; r < G; r++) /* rows past R repeat the last one; their results are dropped */
+                    widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
+            const float *wb = mx ? wbuf + k0 : wbuf;
+            for (int t0 = 0; t0 < T; t0 += cs) {
+                const int tc = T - t0 < cs ? T - t0 : cs;
+                if (mx) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, part, &nx);
+                else if (block == BLOCK)
+                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, part, &nx);
+                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, part, &nx);
+            }
+        }
+        if (at + G == Q3_STAGE_ROWS || rg + G >= r1) /* a full stage, or the last rows */
+            q3_lane_store(out + (rg - r0 - at), ldo, stage, ts, T, at + R);
+    }
 }
 
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
@@ -280,28 +332,10 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
      * spans each row). */
     const int mx = q3_dtype_is_mx(W->dtype), block = T > cs ? BLOCK_CHUNKS : BLOCK;
     const int KB = mx ? K : block, ws = mx ? K + PAD : block + PAD;
-    float stage[Q3_STAGE_ROWS * Q3_BC_TOKENS_MAX] __attribute__((aligned(64)));
-    for (int rg = r0; rg < r1; rg += ROWS) {
-        const int R = r1 - rg < ROWS ? r1 - rg : ROWS, at = (rg - r0) % Q3_STAGE_ROWS;
-        const int nrows = W->rows - (rg + ROWS) < ROWS ? W->rows - (rg + ROWS) : ROWS;
-        next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + ROWS) * rs, nrows > 0 ? (size_t)nrows * rs : 0, steps);
-        float *st = stage + (size_t)at * ts;
-        __m512 part[ROWS * REM_MAX];
-        for (int k0 = 0; k0 < K; k0 += KB) {
-            const int kc = K - k0 < KB ? K - k0 : KB;
-            if (!mx || k0 == 0)
-                for (int r = 0; r < ROWS; r++) /* rows past R repeat the last one; their results are dropped */
-                    widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
-            const float *wb = mx ? wbuf + k0 : wbuf;
-            for (int t0 = 0; t0 < T; t0 += cs) {
-                const int tc = T - t0 < cs ? T - t0 : cs;
-                if (mx) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, part, &nx);
-                else if (block == BLOCK) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, part, &nx);
-                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, part, &nx);
-            }
-        }
-        if (at + ROWS == Q3_STAGE_ROWS || rg + ROWS >= r1) /* a full stage, or the last rows */
-            q3_lane_store(out + (rg - r0 - at), ldo, stage, ts, T, at + R);
-    }
+    /* Rows per group: 16 where the products are one token vector (T <= 22;
+     * 8 accumulators would wait on the FMA latency), else 8. */
+    const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, mx, rs, steps};
+    if (T <= cs && tv == 1) row_groups(out, ldo, W, r0, r1, wbuf, &sh, 2 * ROWS);
+    else row_groups(out, ldo, W, r0, r1, wbuf, &sh, ROWS);
 }
 #pragma GCC pop_options
