@@ -121,6 +121,10 @@ static void test_matmul(void) {
         check_matmul(Q3_F16, 6, 17, 96);
         check_matmul(Q3_F32, 21, 9, 768);
         check_matmul(Q3_BF16, 38, 19, 2048);
+        /* AVX-512 fp32 lanes just past one vector (a padded second one),
+         * with a partial last row group and k blocks with a short last one. */
+        check_matmul(Q3_F16, 23, 18, 160);
+        check_matmul(Q3_BF16, 24, 37, 272);
         /* AVX-512 fp32 lanes in chunks of 48 against the same widened rows:
          * two chunks (the second a remainder of 4), three with a padded
          * last one, the most one call takes. */
