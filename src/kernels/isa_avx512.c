@@ -1,7 +1,7 @@
 /* AVX-512F kernels: 16-lane GEMV for plain dtypes and a 14x16 GEMM tile
  * (one zmm per token row, 14 accumulators), and 64-row prefill attention
- * tiles. Few-token products go to gemm_bc_avx512.c; MX weights, packing,
- * the rare few-token shapes it does not take and the attention vector
+ * tiles. Products of 2-8 tokens go to gemm_small here, more to
+ * gemm_bc_avx512.c; MX weights, packing and the attention vector
  * primitives reuse the AVX2 versions. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma,f16c")
@@ -68,10 +68,62 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     }
 }
 
-/* Few tokens (T <= 16) with K beyond the tokens-in-lanes GEMM's limit (Q3_LANE_KMAX, which
- * takes every other few-token product here): the AVX2 kernel, no packing. */
+/* Few tokens: 2 weight rows x up to 8 tokens of accumulators. Each weight
+ * vector is widened once, in a register, for all the tokens, and the rows'
+ * stream is prefetched as the GEMV's is. Every (row, token) result is a
+ * 16-lane accumulation over k in order and one reduction, whatever the
+ * block. (K % 16 == 0.) */
+INLINE void small_block(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, const int TB,
+                        q3_dtype dt) {
+    const int K = W->cols;
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = q3_pf_weights(rs * es);
+    const size_t o0 = (size_t)r * rs, o1 = o0 + rs;
+    const char *d = W->data;
+    __m512 acc[2][8];
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        if ((k * es) % 64 == 0) _mm_prefetch(d + (o0 + k) * es + pf, _MM_HINT_T0), _mm_prefetch(d + (o1 + k) * es + pf, _MM_HINT_T0);
+        const __m512 w0 = load16(d, o0 + k, dt), w1 = load16(d, o1 + k, dt);
+#pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) {
+            const __m512 xv = _mm512_loadu_ps(x + (size_t)(t0 + t) * ldx + k);
+            acc[0][t] = _mm512_fmadd_ps(w0, xv, acc[0][t]);
+            acc[1][t] = _mm512_fmadd_ps(w1, xv, acc[1][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) {
+        out[(size_t)(t0 + t) * ldo + r] = _mm512_reduce_add_ps(acc[0][t]);
+        out[(size_t)(t0 + t) * ldo + r + 1] = _mm512_reduce_add_ps(acc[1][t]);
+    }
+}
+
+INLINE void small_t(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1, q3_dtype dt) {
+    for (int r = r0; r < r1; r += 2)
+        for (int t0 = 0; t0 < T; t0 += 8) {
+            switch (T - t0 < 8 ? T - t0 : 8) {
+            case 1: small_block(out, ldo, x, ldx, W, r, t0, 1, dt); break;
+            case 2: small_block(out, ldo, x, ldx, W, r, t0, 2, dt); break;
+            case 3: small_block(out, ldo, x, ldx, W, r, t0, 3, dt); break;
+            case 4: small_block(out, ldo, x, ldx, W, r, t0, 4, dt); break;
+            case 5: small_block(out, ldo, x, ldx, W, r, t0, 5, dt); break;
+            case 6: small_block(out, ldo, x, ldx, W, r, t0, 6, dt); break;
+            case 7: small_block(out, ldo, x, ldx, W, r, t0, 7, dt); break;
+            default: small_block(out, ldo, x, ldx, W, r, t0, 8, dt); break;
+            }
+        }
+}
+
+/* Products of 2 .. bc_min_t - 1 tokens, and up to 16 where K is past the
+ * tokens-in-lanes GEMM's limit (Q3_LANE_KMAX); no packing. */
 static void gemm_small(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1) {
-    q3_kernels_avx2.gemm_small(out, ldo, x, ldx, T, W, r0, r1);
+    switch (W->dtype) {
+    case Q3_BF16: small_t(out, ldo, x, ldx, T, W, r0, r1, Q3_BF16); break;
+    case Q3_F16: small_t(out, ldo, x, ldx, T, W, r0, r1, Q3_F16); break;
+    case Q3_F32: small_t(out, ldo, x, ldx, T, W, r0, r1, Q3_F32); break;
+    default: break;
+    }
 }
 
 /* Full 14-row tile, accumulators in named registers. */
@@ -373,6 +425,12 @@ const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = mi
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
     .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc,
     .bc_mx = 1, .lane_split = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
+    /* Plain products of 2-8 tokens in gemm_small: with padded lanes the broadcast GEMM ran them at 61-125
+     * GFLOP/s (kernel_bench 1536 2048 T, T = 2-8), gemm_small at 121-166, and it prefetches its rows.
+     * q30b8 BF16 prefill, two pairs: 32 tokens 78.0 / 79.0 -> 99.1 / 93.8 tok/s, 128 151.5 / 151.8 ->
+     * 160.3 / 164.4, 512 237.0 / 240.0 -> 244.7 / 241.3. (AVX2's 256-bit kernel, without prefetch, had
+     * measured 10 % slower in the model.) */
+    .bc_min_t = 9,
     /* A few tokens as one GEMV each rather than widening every MX row to fp32 for the broadcast GEMM:
      * kernel_bench mx 1536 2048 20 T, Intel Xeon, GFLOP/s: MXFP4 A8 T = 2 33 -> 69, T = 4 30 -> 55, but
      * T = 6 65 -> 53; MXINT8 inputs (VNNI GEMV) T = 2 33 -> 194, T = 4 30 -> 150, T = 6 64 -> 144. */
