@@ -110,5 +110,7 @@ void q3_avx512vnni_i8_kernels(q3_isa_kernels *k) {
     k->gemm_i8_int8 = 1;
     k->i8_prep = q3_avx512vnni_i8_prep;
     k->gemv_i8 = q3_avx512vnni_gemv_i8;
+    k->i8_prep_tokens = q3_avx512vnni_i8_prep_tokens;
+    k->gemv_i8_tokens = q3_avx512vnni_gemv_i8_tokens;
 }
 #pragma GCC pop_options

@@ -73,20 +73,15 @@ static void prep_int8(void *xq, const float *x, int K) {
     }
 }
 
-void q3_avx512vnni_i8_prep(void *xq, const float *x, int K, q3_dtype wt) {
-    if (!fits(K, wt)) {
-        q3_avx2_i8_prep(xq, x, K, wt);
-        return;
-    }
-    if (wt == Q3_MXINT8) {
-        prep_int8(xq, x, K);
-        return;
-    }
+/* The MXFP4 copy: |a| and the sign masks (ua, sx above), or (offset) a +
+ * 128 as unsigned bytes in ua's place and no sign masks, for
+ * gemv_fp4_tokens; fg the same in both. */
+static void prep_fp4(void *xq, const float *x, int K, int offset) {
     uint8_t *ua = xq, *sx = ua + K;
     float *fg = fg_of(xq, K, Q3_MXFP4);
     const int nb = K / 32, nbr = (nb + 15) / 16 * 16;
     const float half = q3_mx_scale_table(Q3_MXFP4)[127];
-    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), flip = _mm_set1_epi8((char)0x80);
     for (int b = 0; b < nbr; b++) {
         float f = 0.0f;
         if (b < nb) {
@@ -96,16 +91,29 @@ void q3_avx512vnni_i8_prep(void *xq, const float *x, int K, q3_dtype wt) {
             const __m128i s1 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(q + 16)), split);
             const __m128i even = _mm_unpacklo_epi64(s0, s1), odd = _mm_unpackhi_epi64(s0, s1);
             uint8_t *u = ua + (size_t)(b / 4) * 128 + (size_t)(b % 4) * 16;
-            _mm_storeu_si128((__m128i *)u, _mm_abs_epi8(even));
-            _mm_storeu_si128((__m128i *)(u + 64), _mm_abs_epi8(odd));
-            const __m128i neg_e = _mm_cmpgt_epi8(_mm_setzero_si128(), even), neg_o = _mm_cmpgt_epi8(_mm_setzero_si128(), odd);
-            _mm_storeu_si128((__m128i *)(sx + (size_t)b * 16),
-                             _mm_or_si128(_mm_and_si128(neg_e, _mm_set1_epi8(0x08)), _mm_and_si128(neg_o, _mm_set1_epi8((char)0x80))));
+            if (offset) { /* a + 128: the sign bit flipped */
+                _mm_storeu_si128((__m128i *)u, _mm_xor_si128(even, flip));
+                _mm_storeu_si128((__m128i *)(u + 64), _mm_xor_si128(odd, flip));
+            } else {
+                _mm_storeu_si128((__m128i *)u, _mm_abs_epi8(even));
+                _mm_storeu_si128((__m128i *)(u + 64), _mm_abs_epi8(odd));
+                const __m128i neg_e = _mm_cmpgt_epi8(_mm_setzero_si128(), even), neg_o = _mm_cmpgt_epi8(_mm_setzero_si128(), odd);
+                _mm_storeu_si128((__m128i *)(sx + (size_t)b * 16), _mm_or_si128(_mm_and_si128(neg_e, _mm_set1_epi8(0x08)),
+                                                                                _mm_and_si128(neg_o, _mm_set1_epi8((char)0x80))));
+            }
         }
         const int s = b / 16 * 16, m = (b - s) / 4, i = (b - s) % 4;
         fg[s + 4 * i + m] = f;
     }
 }
+
+void q3_avx512vnni_i8_prep(void *xq, const float *x, int K, q3_dtype wt) {
+    if (!fits(K, wt)) q3_avx2_i8_prep(xq, x, K, wt);
+    else if (wt == Q3_MXINT8) prep_int8(xq, x, K);
+    else prep_fp4(xq, x, K, 0);
+}
+
+void q3_avx512vnni_i8_prep_tokens(void *xq, const float *x, int K) { prep_fp4(xq, x, K, 1); }
 
 /* One group: 16 int32 sums, 4 per block (lane 4 i + j: block i), of the
  * products of the weight bytes at e (signs XORed with sx's) with |a|. */
@@ -208,6 +216,85 @@ INLINE float row_int8(const uint8_t *el, const uint8_t *sc, int nb, const int8_t
         acc = _mm512_fmadd_ps(sums, weight_factors(_mm_shuffle_epi8(raw, order), fg + 2 * b, wtab, exact_codes), acc);
     }
     return _mm512_reduce_add_ps(acc);
+}
+
+/* An MXFP4 row against TB (1 .. 4) tokens' offset copies (xq, xs bytes
+ * apart), the row's codes decoded once for all of them: VPDPBUSD wants an
+ * unsigned operand, so each token's bytes are a + 128, and each lane
+ * starts from minus 128 times its weights' sum, which leaves the sum of
+ * a * w exact: the same integer block sums as row_fp4's, scaled and added
+ * in the same order, so each token's result is bit for bit the GEMV's.
+ * out[t * ldo] for t < TB. */
+INLINE void row_fp4_tokens(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const uint8_t *xq, size_t xs,
+                           const float *wtab, size_t pf, __m128i *lo, __m128i *hi, const int TB, const int exact_codes) {
+    const int K = nb * 32;
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), c128 = _mm512_set1_epi8((char)0x80);
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < TB; t++) acc[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b += 16) {
+        const int ng = nb - b >= 16 ? 4 : (nb - b) / 4;
+        __m512i v[4][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            const size_t k = (size_t)(b + 4 * g) * 32;
+            if (g < ng) {
+                if (!exact_codes) _mm_prefetch((const char *)el + k / 2 + pf, _MM_HINT_T0);
+                const __m512i x = _mm512_loadu_si512(el + k / 2);
+                const __m512i wl = _mm512_shuffle_epi8(lut, _mm512_and_si512(x, m4));
+                const __m512i wh = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(x, 4), m4));
+                const __m512i w128 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wl), c128, wh);
+                const __m512i base = _mm512_sub_epi32(_mm512_setzero_si512(), w128);
+#pragma GCC unroll 4
+                for (int t = 0; t < TB; t++) {
+                    const uint8_t *u = xq + (size_t)t * xs + k;
+                    v[t][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(base, _mm512_loadu_si512(u), wl), _mm512_loadu_si512(u + 64), wh);
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int t = 0; t < TB; t++) v[t][g] = _mm512_setzero_si512();
+            }
+        }
+        const __m128i codes = codes_of(sc + b, nb - b);
+        if (!exact_codes) *lo = _mm_min_epu8(*lo, codes), *hi = _mm_max_epu8(*hi, codes);
+#pragma GCC unroll 4
+        for (int t = 0; t < TB; t++) {
+            const float *fg = fg_of(xq + (size_t)t * xs, K, Q3_MXFP4);
+            acc[t] = _mm512_fmadd_ps(block_sums(v[t][0], v[t][1], v[t][2], v[t][3]), weight_factors(codes, fg + b, wtab, exact_codes),
+                                     acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < TB; t++) out[(size_t)t * ldo] = _mm512_reduce_add_ps(acc[t]);
+}
+
+INLINE void row_tokens(float *out, size_t ldo, const uint8_t *e, const uint8_t *s, int nb, const uint8_t *xq, size_t xs,
+                       const float *wtab, size_t pf, const int TB) {
+    __m128i lo = _mm_set1_epi8(-1), hi = _mm_setzero_si128();
+    row_fp4_tokens(out, ldo, e, s, nb, xq, xs, wtab, pf, &lo, &hi, TB, 0);
+    if (odd_codes(lo, hi, 16)) row_fp4_tokens(out, ldo, e, s, nb, xq, xs, wtab, pf, &lo, &hi, TB, 1);
+}
+
+void q3_avx512vnni_gemv_i8_tokens(float *out, size_t ldo, const void *xq, size_t xs, int T, const q3_mat *W, int r0, int r1) {
+    const int K = W->cols, nb = K / 32;
+    const size_t eb = q3_mx_elem_bytes(Q3_MXFP4, (size_t)K), pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
+    const float *wtab = q3_mx_scale_table(Q3_MXFP4);
+    const uint8_t *el = W->data, *sc = W->scales;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
+        _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
+        for (int t0 = 0; t0 < T; t0 += 4) {
+            const uint8_t *x0 = (const uint8_t *)xq + (size_t)t0 * xs;
+            float *o = out + (size_t)t0 * ldo + (r - r0);
+            switch (T - t0 < 4 ? T - t0 : 4) {
+            case 1: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 1); break;
+            case 2: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 2); break;
+            case 3: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 3); break;
+            default: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 4); break;
+            }
+        }
+    }
 }
 
 void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1) {

@@ -114,8 +114,9 @@ typedef struct {
     /* MX products of at most this many tokens run as one gemv_a8 per
      * token (where gemv_a8 takes the weights): decoding a row once per
      * token beats the GEMMs' lanes left empty. i8_gemv_t: the same with
-     * MXINT8 inputs, one gemv_i8 per token (below the integer GEMM's
-     * fewest tokens). */
+     * MXINT8 inputs, one gemv_i8 per token below the integer GEMM's
+     * fewest tokens, or up to i8_gemv_t in one gemv_i8_tokens pass where
+     * that takes the weights. */
     int mx_gemv_t, i8_gemv_t;
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
     /* Integer GEMV for MXINT8 inputs (W->ai8) against MXINT8 or MXFP4
@@ -126,6 +127,13 @@ typedef struct {
      * that copy, each block an exact integer sum scaled once. */
     void (*i8_prep)(void *xq, const float *x, int K, q3_dtype wt);
     void (*gemv_i8)(float *out, const void *xq, const q3_mat *W, int r0, int r1);
+    /* The same for T tokens in one pass over MXFP4 weights of K % 128 == 0
+     * (NULL: one gemv_i8 per token): i8_prep_tokens writes each token's
+     * copy (at most 2.125 * K bytes), gemv_i8_tokens reads the T copies at
+     * xq, xs bytes apart, and writes out[t * ldo + r - r0] for r in
+     * [r0, r1), each bit for bit gemv_i8's result. */
+    void (*i8_prep_tokens)(void *xq, const float *x, int K);
+    void (*gemv_i8_tokens)(float *out, size_t ldo, const void *xq, size_t xs, int T, const q3_mat *W, int r0, int r1);
     /* Integer GEMM for MXINT8 inputs against MXFP4 weights (MXINT8 ones too
      * where gemm_i8_int8), up to Q3_BC_TOKENS_MAX tokens (cols % 64 == 0,
      * <= Q3_LANE_KMAX; NULL: not available): i8_pack_act writes the T input
@@ -219,6 +227,8 @@ void q3_avx512_mx_row_slots(const q3_mat *W, int r, float *dst);
  * copy. */
 void q3_avx512vnni_i8_prep(void *xq, const float *x, int K, q3_dtype wt);
 void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
+void q3_avx512vnni_i8_prep_tokens(void *xq, const float *x, int K);
+void q3_avx512vnni_gemv_i8_tokens(float *out, size_t ldo, const void *xq, size_t xs, int T, const q3_mat *W, int r0, int r1);
 
 /* Pack W[r0 .. r0+nr) x [k0 .. k0+kc) transposed into Bp[kc][NR] fp32, zero-padding rows >= nr. */
 void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc);

@@ -149,7 +149,7 @@ static void run_gemv_prepared(const q3_mm_job *jb, int r0, int nr, int i8) {
 static int a8_shape_ok(const q3_mat *W, int kmax) { return W->a8 && mx_shape_ok(W, kmax); }
 
 /* Most tokens of the per-token MX GEMV path (its input copies). */
-enum { MX_GEMV_TOKENS = 8 };
+enum { MX_GEMV_TOKENS = 12 };
 
 static int gemv_mx_ok(const q3_mat *W) {
     return g_k->gemv_a8 && (W->a8 || g_k->a8_prep_any) && mx_shape_ok(W, A8_KMAX);
@@ -190,16 +190,29 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
 
+/* The integer GEMV that decodes MXFP4 rows once for several tokens
+ * (gemv_i8_tokens) takes W. */
+static int i8_tokens_ok(const q3_mat *W) { return g_k->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0; }
+
 /* A few tokens against MX weights: one GEMV per token (the integer one
- * where it applies), each on its own prepared input copy (made once per
- * thread and pass; copies are at most 4 * K bytes). */
+ * where it applies), or one pass of gemv_i8_tokens, on prepared input
+ * copies (made once per thread and pass; copies are at most 4 * K bytes). */
 static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, int i8) {
     static _Thread_local float *xt;
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
     if (!xt) xt = q3_malloc((size_t)MX_GEMV_TOKENS * A8_KMAX * sizeof *xt);
+    const int together = i8 && i8_tokens_ok(W); /* (its copies differ from gemv_i8's) */
     if (act_stale(&have, jb))
-        for (int t = 0; t < jb->T; t++) prep_input(i8, xt + (size_t)t * W->cols, jb->x + (size_t)t * jb->ldx, W);
+        for (int t = 0; t < jb->T; t++) {
+            float *xc = xt + (size_t)t * W->cols;
+            if (together) g_k->i8_prep_tokens(xc, jb->x + (size_t)t * jb->ldx, W->cols);
+            else prep_input(i8, xc, jb->x + (size_t)t * jb->ldx, W);
+        }
+    if (together) {
+        g_k->gemv_i8_tokens(jb->out + r0, jb->ldo, xt, (size_t)W->cols * sizeof *xt, jb->T, W, r0, r0 + nr);
+        return;
+    }
     for (int t = 0; t < jb->T; t++) gemv_prepared(i8, jb->out + (size_t)t * jb->ldo + r0, xt + (size_t)t * W->cols, W, r0, nr);
 }
 
@@ -234,7 +247,8 @@ static int gemm_i8_ok(const q3_mm_job *jb) {
     const q3_mat *W = jb->W;
     return g_k->gemm_i8 && W->ai8 && (W->dtype == Q3_MXFP4 || (W->dtype == Q3_MXINT8 && g_k->gemm_i8_int8)) && W->cs <= 1 &&
            W->cols % 64 == 0 &&
-           W->cols <= Q3_LANE_KMAX && jb->T >= I8_GEMM_MIN_T && jb->T <= Q3_BC_TOKENS_MAX;
+           W->cols <= Q3_LANE_KMAX && jb->T >= I8_GEMM_MIN_T && jb->T <= Q3_BC_TOKENS_MAX &&
+           !(jb->T <= g_k->i8_gemv_t && i8_tokens_ok(W));
 }
 
 static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
