@@ -82,6 +82,10 @@ typedef struct {
     int a8_prep_any;
     void (*a8_prep)(void *xb, const float *x, int K, q3_dtype wt);
     void (*gemv_a8)(float *out, const void *xb, const q3_mat *W, int r0, int r1);
+    /* gemv_a8 for T tokens in one pass over MXFP4 weights of K % 128 == 0
+     * (NULL: one gemv_a8 per token): the T copies a8_prep wrote at xb, xs
+     * bytes apart; out[t * ldo + r - r0], each bit for bit gemv_a8's. */
+    void (*gemv_a8_tokens)(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
     /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (K <= Q3_LANE_KMAX):
      * a8_pack_act writes the T input rows as bf16 pairs in gemv_a8's
      * element order, at most K/2 * TP words (TP = T rounded up to 16): a
@@ -114,10 +118,11 @@ typedef struct {
     /* MX products of at most this many tokens run as one gemv_a8 per
      * token (where gemv_a8 takes the weights): decoding a row once per
      * token beats the GEMMs' lanes left empty. i8_gemv_t: the same with
-     * MXINT8 inputs, one gemv_i8 per token below the integer GEMM's
-     * fewest tokens, or up to i8_gemv_t in one gemv_i8_tokens pass where
-     * that takes the weights. */
-    int mx_gemv_t, i8_gemv_t;
+     * MXINT8 inputs, one gemv_i8 per token (below the integer GEMM's
+     * fewest tokens). tokens_t: where gemv_a8_tokens / gemv_i8_tokens take
+     * the weights, products of up to this many tokens run as one pass of
+     * those instead (and not in the integer GEMM). */
+    int mx_gemv_t, i8_gemv_t, tokens_t;
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
     /* Integer GEMV for MXINT8 inputs (W->ai8) against MXINT8 or MXFP4
      * weights (cols % 64 == 0, <= 32768; NULL: not available): i8_prep
@@ -218,6 +223,7 @@ void q3_mx_prep_lanes(float *xb, const float *x, int K, q3_dtype wt, int lanes);
  * each of the 16 values as bf16, twice over (32 bytes). */
 const uint8_t *q3_avx2_fp4_bf16_bytes(int hi);
 void q3_avx512_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);
+void q3_avx512_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
 void q3_avx512bw_mx_kernels(q3_isa_kernels *k);
 /* Row r of MXFP8 (K % 64 == 0) / MXFP4 (K % 128 == 0) weights widened to
  * fp32 in q3_mx_prep_lanes' 4-lane order, block scales applied (AVX512BW). */
@@ -229,6 +235,10 @@ void q3_avx512vnni_i8_prep(void *xq, const float *x, int K, q3_dtype wt);
 void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
 void q3_avx512vnni_i8_prep_tokens(void *xq, const float *x, int K);
 void q3_avx512vnni_gemv_i8_tokens(float *out, size_t ldo, const void *xq, size_t xs, int T, const q3_mat *W, int r0, int r1);
+
+/* The table the matmul driver uses now (after q3_kernels_init / _force):
+ * for tests that must know which paths a product can take. */
+const q3_isa_kernels *q3_kernels_table(void);
 
 /* Pack W[r0 .. r0+nr) x [k0 .. k0+kc) transposed into Bp[kc][NR] fp32, zero-padding rows >= nr. */
 void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc);

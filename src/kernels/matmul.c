@@ -190,9 +190,10 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
 
-/* The integer GEMV that decodes MXFP4 rows once for several tokens
- * (gemv_i8_tokens) takes W. */
+/* The GEMVs that decode MXFP4 rows once for several tokens take W:
+ * gemv_i8_tokens (MXINT8 inputs), gemv_a8_tokens (the others). */
 static int i8_tokens_ok(const q3_mat *W) { return g_k->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0; }
+static int a8_tokens_ok(const q3_mat *W) { return g_k->gemv_a8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0; }
 
 /* A few tokens against MX weights: one GEMV per token (the integer one
  * where it applies), or one pass of gemv_i8_tokens, on prepared input
@@ -202,15 +203,17 @@ static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, int i8) {
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
     if (!xt) xt = q3_malloc((size_t)MX_GEMV_TOKENS * A8_KMAX * sizeof *xt);
-    const int together = i8 && i8_tokens_ok(W); /* (its copies differ from gemv_i8's) */
+    const int together = i8 ? i8_tokens_ok(W) : a8_tokens_ok(W);
     if (act_stale(&have, jb))
         for (int t = 0; t < jb->T; t++) {
             float *xc = xt + (size_t)t * W->cols;
-            if (together) g_k->i8_prep_tokens(xc, jb->x + (size_t)t * jb->ldx, W->cols);
+            if (together && i8) g_k->i8_prep_tokens(xc, jb->x + (size_t)t * jb->ldx, W->cols); /* (differs from gemv_i8's) */
             else prep_input(i8, xc, jb->x + (size_t)t * jb->ldx, W);
         }
     if (together) {
-        g_k->gemv_i8_tokens(jb->out + r0, jb->ldo, xt, (size_t)W->cols * sizeof *xt, jb->T, W, r0, r0 + nr);
+        const size_t xs = (size_t)W->cols * sizeof *xt;
+        if (i8) g_k->gemv_i8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
+        else g_k->gemv_a8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
         return;
     }
     for (int t = 0; t < jb->T; t++) gemv_prepared(i8, jb->out + (size_t)t * jb->ldo + r0, xt + (size_t)t * W->cols, W, r0, nr);
@@ -248,7 +251,7 @@ static int gemm_i8_ok(const q3_mm_job *jb) {
     return g_k->gemm_i8 && W->ai8 && (W->dtype == Q3_MXFP4 || (W->dtype == Q3_MXINT8 && g_k->gemm_i8_int8)) && W->cs <= 1 &&
            W->cols % 64 == 0 &&
            W->cols <= Q3_LANE_KMAX && jb->T >= I8_GEMM_MIN_T && jb->T <= Q3_BC_TOKENS_MAX &&
-           !(jb->T <= g_k->i8_gemv_t && i8_tokens_ok(W));
+           !(jb->T <= g_k->tokens_t && i8_tokens_ok(W));
 }
 
 static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
@@ -293,7 +296,9 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
     if (jb->T == 1) TAKE(g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr));
     if (jb->T <= Q3_LANE_TOKENS && bf16_shape_ok(W)) TAKE(run_gemm_bf16(jb, r0, nr));
     if (gemm_i8_ok(jb)) TAKE(run_gemm_i8(jb, r0, nr));
-    if (jb->T <= (i8 ? g_k->i8_gemv_t : g_k->mx_gemv_t) && jb->T <= MX_GEMV_TOKENS && (i8 || gemv_mx_ok(W)))
+    const int per_token_t = i8 ? g_k->i8_gemv_t : g_k->mx_gemv_t, tokens = i8 ? i8_tokens_ok(W) : a8_tokens_ok(W);
+    if (jb->T <= (tokens && g_k->tokens_t > per_token_t ? g_k->tokens_t : per_token_t) && jb->T <= MX_GEMV_TOKENS &&
+        (i8 || gemv_mx_ok(W)))
         TAKE(run_gemv_mx_tokens(jb, r0, nr, i8));
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
         (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
@@ -531,6 +536,11 @@ static void run_pass(const q3_mm_job *jobs, int n) {
         }
         run_chunks(jobs, tiles, npanels, chunk, &next);
     }
+}
+
+const q3_isa_kernels *q3_kernels_table(void) {
+    q3_kernels_init();
+    return g_k;
 }
 
 void q3_matmul(float *out, const float *x, int T, const q3_mat *W) {
