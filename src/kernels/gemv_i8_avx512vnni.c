@@ -281,10 +281,11 @@ void q3_avx512vnni_gemv_i8_tokens(float *out, size_t ldo, const void *xq, size_t
     const size_t eb = q3_mx_elem_bytes(Q3_MXFP4, (size_t)K), pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
     const float *wtab = q3_mx_scale_table(Q3_MXFP4);
     const uint8_t *el = W->data, *sc = W->scales;
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
-        _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
-        for (int t0 = 0; t0 < T; t0 += 4) {
+    /* Token blocks outside, as gemv_mx_avx512.c's: a block's copies stay in L1 while the rows pass. */
+    for (int t0 = 0; t0 < T; t0 += 4)
+        for (int r = r0; r < r1; r++) {
+            const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
+            _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
             const uint8_t *x0 = (const uint8_t *)xq + (size_t)t0 * xs;
             float *o = out + (size_t)t0 * ldo + (r - r0);
             switch (T - t0 < 4 ? T - t0 : 4) {
@@ -294,7 +295,6 @@ void q3_avx512vnni_gemv_i8_tokens(float *out, size_t ldo, const void *xq, size_t
             default: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 4); break;
             }
         }
-    }
 }
 
 void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1) {
