@@ -119,7 +119,7 @@ void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, 
 /* Row r of W widened to fp32 (contiguous rows, K % 16 == 0; MX rows: K %
  * 64 == 0, MXFP8 / MXFP4 in q3_mx_prep_lanes' element order for
  * mx_lanes, MXINT8 in stored order, block scales applied). */
-static void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
+INLINE void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
     const int K = W->cols;
     const size_t rs = W->rs ? W->rs : (size_t)K;
     if (q3_dtype_is_mxfp(W->dtype)) { /* whole rows only */
@@ -135,13 +135,15 @@ static void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
         memcpy(dst, (const float *)W->data + (size_t)r * rs + k0, (size_t)n * sizeof(float));
         return;
     }
+    /* (the dtype tested once: the stores could alias *W, so GCC reloaded it every 16 elements) */
     const uint16_t *src = (const uint16_t *)W->data + (size_t)r * rs + k0;
-    for (int k = 0; k < n; k += 16) {
-        const __m256i h = _mm256_loadu_si256((const __m256i *)(src + k));
-        const __m512 v = W->dtype == Q3_F16 ? _mm512_cvtph_ps(h)
-                                            : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        _mm512_storeu_ps(dst + k, v);
-    }
+    if (W->dtype == Q3_F16)
+        for (int k = 0; k < n; k += 16) _mm512_storeu_ps(dst + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + k))));
+    else
+        for (int k = 0; k < n; k += 16) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(src + k));
+            _mm512_storeu_ps(dst + k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+        }
 }
 
 /* Rows per tile: 8, and 16 where a product is one token vector (up to 22
