@@ -93,37 +93,6 @@ INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const float *
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-/* An MXFP4 row against TB (1 .. 4) tokens' copies (xb, xs floats apart),
- * each step's four blocks decoded once for all of them; per token the same
- * operations in the same order as row_fp4, so each result is bit for bit
- * the GEMV's. out[t * ldo] for t < TB. */
-INLINE void row_fp4_tokens(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const float *xb, size_t xs,
-                           const float *tab, __m512i lut_hi, __m512i lut_lo, size_t pf, const int TB) {
-    __m512 acc0[4], acc1[4];
-#pragma GCC unroll 4
-    for (int t = 0; t < TB; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b += 4) {
-        _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
-        __m512 f[8];
-        fp4x128(el + (size_t)b * 16, lut_hi, lut_lo, f);
-        const __m512 s = fp4_factors(sc + b, tab);
-#pragma GCC unroll 4
-        for (int t = 0; t < TB; t++) {
-            const float *x = xb + (size_t)t * xs + (size_t)b * 32;
-            __m512 d0 = _mm512_mul_ps(f[0], _mm512_loadu_ps(x)), d1 = _mm512_mul_ps(f[1], _mm512_loadu_ps(x + 16));
-#pragma GCC unroll 3
-            for (int v = 2; v < 8; v += 2) {
-                d0 = _mm512_fmadd_ps(f[v], _mm512_loadu_ps(x + 16 * v), d0);
-                d1 = _mm512_fmadd_ps(f[v + 1], _mm512_loadu_ps(x + 16 * v + 16), d1);
-            }
-            if (b & 4) acc1[t] = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc1[t]);
-            else acc0[t] = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc0[t]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < TB; t++) out[(size_t)t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
-}
-
 /* 64 E4M3 codes -> four vectors of fp32 (times 2^-120), in the copy's order. */
 INLINE void fp8x64(const uint8_t *p, __m512 f[4]) {
     const __m512i b = _mm512_loadu_si512(p), m = _mm512_set1_epi16((short)0x87F0), hi = _mm512_set1_epi32((int)0xFFFF0000u);
@@ -154,6 +123,35 @@ INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, int nb, const float *
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+INLINE void row_tokens(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const float *xb, size_t xs,
+                       const float *tab, __m512i lut_hi, __m512i lut_lo, size_t pf, const int fp4, const int TB) {
+    const int step = fp4 ? 4 : 2, nv = 2 * step;
+    __m512 acc0[4], acc1[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < TB; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b += step) {
+        _mm_prefetch((const char *)el + (size_t)b * (fp4 ? 16 : 32) + pf, _MM_HINT_T0);
+        __m512 f[8];
+        if (fp4) fp4x128(el + (size_t)b * 16, lut_hi, lut_lo, f);
+        else fp8x64(el + (size_t)b * 32, f);
+        const __m512 s = fp4 ? fp4_factors(sc + b, tab) : fp8_factors(sc + b, tab);
+#pragma GCC unroll 4
+        for (int t = 0; t < TB; t++) {
+            const float *x = xb + (size_t)t * xs + (size_t)b * 32;
+            __m512 d0 = _mm512_mul_ps(f[0], _mm512_loadu_ps(x)), d1 = _mm512_mul_ps(f[1], _mm512_loadu_ps(x + 16));
+#pragma GCC unroll 3
+            for (int v = 2; v < nv; v += 2) {
+                d0 = _mm512_fmadd_ps(f[v], _mm512_loadu_ps(x + 16 * v), d0);
+                d1 = _mm512_fmadd_ps(f[v + 1], _mm512_loadu_ps(x + 16 * v + 16), d1);
+            }
+            if (b & step) acc1[t] = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc1[t]);
+            else acc0[t] = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), s, acc0[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < TB; t++) out[(size_t)t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
+}
+
 void q3_avx512_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int r1) {
     const int K = W->cols, nb = K / 32;
     if (!q3_mx_wide_fits(W->dtype, K)) {
@@ -176,26 +174,30 @@ void q3_avx512_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int
 }
 
 void q3_avx512_gemv_mx_tokens(float *out, size_t ldo, const void *xbv, size_t xs, int T, const q3_mat *W, int r0, int r1) {
-    const int K = W->cols, nb = K / 32;
-    const size_t eb = (size_t)K / 2, pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb), xf = xs / sizeof(float);
-    const float *tab = q3_mx_scale_table(Q3_MXFP4);
+    const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
+    const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K, pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb), xf = xs / sizeof(float);
+    const float *tab = q3_mx_scale_table(W->dtype);
     const uint8_t *el = W->data, *sc = W->scales;
     __m512i lut_hi, lut_lo;
     fp4_luts(&lut_hi, &lut_lo);
-    /* Token blocks outside: 4 copies (32 KiB for K = 2048) stay in L1
-     * while the rows pass, which after the first block come from cache. */
     for (int t0 = 0; t0 < T; t0 += 4)
         for (int r = r0; r < r1; r++) {
             const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
             _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
             const float *x0 = (const float *)xbv + (size_t)t0 * xf;
             float *o = out + (size_t)t0 * ldo + (r - r0);
-            switch (T - t0 < 4 ? T - t0 : 4) {
-            case 1: row_fp4_tokens(o, ldo, e, s, nb, x0, xf, tab, lut_hi, lut_lo, pf, 1); break;
-            case 2: row_fp4_tokens(o, ldo, e, s, nb, x0, xf, tab, lut_hi, lut_lo, pf, 2); break;
-            case 3: row_fp4_tokens(o, ldo, e, s, nb, x0, xf, tab, lut_hi, lut_lo, pf, 3); break;
-            default: row_fp4_tokens(o, ldo, e, s, nb, x0, xf, tab, lut_hi, lut_lo, pf, 4); break;
+#define ROW(FP4, TB) row_tokens(o, ldo, e, s, nb, x0, xf, tab, lut_hi, lut_lo, pf, FP4, TB)
+            switch ((T - t0 < 4 ? T - t0 : 4) + (fp4 ? 0 : 4)) {
+            case 1: ROW(1, 1); break;
+            case 2: ROW(1, 2); break;
+            case 3: ROW(1, 3); break;
+            case 4: ROW(1, 4); break;
+            case 5: ROW(0, 1); break;
+            case 6: ROW(0, 2); break;
+            case 7: ROW(0, 3); break;
+            default: ROW(0, 4); break;
             }
+#undef ROW
         }
 }
 

@@ -82,9 +82,10 @@ typedef struct {
     int a8_prep_any;
     void (*a8_prep)(void *xb, const float *x, int K, q3_dtype wt);
     void (*gemv_a8)(float *out, const void *xb, const q3_mat *W, int r0, int r1);
-    /* gemv_a8 for T tokens in one pass over MXFP4 weights of K % 128 == 0
-     * (NULL: one gemv_a8 per token): the T copies a8_prep wrote at xb, xs
-     * bytes apart; out[t * ldo + r - r0], each bit for bit gemv_a8's. */
+    /* gemv_a8 for T tokens in one pass over the MXFP4 / MXFP8 weights
+     * q3_mx_wide_fits takes (NULL: one gemv_a8 per token): the T copies
+     * a8_prep wrote at xb, xs bytes apart; out[t * ldo + r - r0], each bit
+     * for bit gemv_a8's. */
     void (*gemv_a8_tokens)(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
     /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (K <= Q3_LANE_KMAX):
      * a8_pack_act writes the T input rows as bf16 pairs in gemv_a8's
@@ -121,7 +122,8 @@ typedef struct {
      * MXINT8 inputs, one gemv_i8 per token (below the integer GEMM's
      * fewest tokens). tokens_t: where gemv_a8_tokens / gemv_i8_tokens take
      * the weights, products of up to this many tokens run as one pass of
-     * those instead (and not in the integer GEMM). */
+     * those instead (and not in the integer GEMM); MXFP8 weights only up
+     * to mx_gemv_t. */
     int mx_gemv_t, i8_gemv_t, tokens_t;
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
     /* Integer GEMV for MXINT8 inputs (W->ai8) against MXINT8 or MXFP4

@@ -190,10 +190,11 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
 
-/* The GEMVs that decode MXFP4 rows once for several tokens take W:
- * gemv_i8_tokens (MXINT8 inputs), gemv_a8_tokens (the others). */
+/* The GEMVs that decode MX rows once for several tokens take W:
+ * gemv_i8_tokens (MXINT8 inputs, MXFP4 weights), gemv_a8_tokens (the
+ * others, MXFP4 and MXFP8 weights). */
 static int i8_tokens_ok(const q3_mat *W) { return g_k->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0; }
-static int a8_tokens_ok(const q3_mat *W) { return g_k->gemv_a8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0; }
+static int a8_tokens_ok(const q3_mat *W) { return g_k->gemv_a8_tokens && q3_mx_wide_fits(W->dtype, W->cols); }
 
 /* A few tokens against MX weights: one GEMV per token (the integer one
  * where it applies), or one pass of gemv_i8_tokens, on prepared input
@@ -297,7 +298,10 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
     if (jb->T <= Q3_LANE_TOKENS && bf16_shape_ok(W)) TAKE(run_gemm_bf16(jb, r0, nr));
     if (gemm_i8_ok(jb)) TAKE(run_gemm_i8(jb, r0, nr));
     const int per_token_t = i8 ? g_k->i8_gemv_t : g_k->mx_gemv_t, tokens = i8 ? i8_tokens_ok(W) : a8_tokens_ok(W);
-    if (jb->T <= (tokens && g_k->tokens_t > per_token_t ? g_k->tokens_t : per_token_t) && jb->T <= MX_GEMV_TOKENS &&
+    /* MXFP8 weights take the one-pass kernel only as far as the per-token GEMVs go: past that, in the
+     * model, the broadcast GEMM was faster (BENCHMARKS.md) */
+    const int tt = W->dtype == Q3_MXFP8 ? per_token_t : g_k->tokens_t;
+    if (jb->T <= (tokens && tt > per_token_t ? tt : per_token_t) && jb->T <= MX_GEMV_TOKENS &&
         (i8 || gemv_mx_ok(W)))
         TAKE(run_gemv_mx_tokens(jb, r0, nr, i8));
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&

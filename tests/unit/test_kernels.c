@@ -197,8 +197,9 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
     free(el), free(sc), free(row), free(wf), free(x), free(out);
 }
 
-/* A few tokens against MXFP4 weights in one pass (the AVX-512 kernels that
- * decode each row once for all of them, MXINT8 and MXFP8 inputs) give,
+/* A few tokens against MX weights in one pass (the AVX-512 kernels that
+ * decode each row once for all of them: MXFP4 weights with MXINT8 and MXFP8
+ * inputs, MXFP8 weights with MXFP8 inputs) give,
  * token by token, the one-token GEMV's results bit for bit: the same block
  * sums, scaled and added in the same order. Rows with a zero block (scale
  * code 0: the integer kernel's second, table-driven pass) and with tiny
@@ -207,11 +208,12 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
 static void test_mx_tokens_match_gemv(void) {
     enum { M = 70, TMAX = 12 };
     static const int Ks[] = {768, 2048};
-    static const q3_dtype acts[] = {Q3_MXINT8, Q3_MXFP8};
+    static const q3_dtype acts[] = {Q3_MXINT8, Q3_MXFP8, Q3_MXFP8}, wts[] = {Q3_MXFP4, Q3_MXFP4, Q3_MXFP8};
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
         for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
             const int K = Ks[ki];
-            const size_t eb = q3_mx_elem_bytes(Q3_MXFP4, (size_t)K);
+            const q3_dtype wt = wts[ai];
+            const size_t eb = q3_mx_elem_bytes(wt, (size_t)K);
             uint8_t *el = malloc(M * eb), *sc = malloc((size_t)M * K / 32);
             float *row = malloc((size_t)K * sizeof(float)), *x = malloc((size_t)TMAX * K * sizeof(float));
             float *ot = malloc((size_t)TMAX * M * sizeof(float)), *o1 = malloc((size_t)M * sizeof(float));
@@ -219,20 +221,20 @@ static void test_mx_tokens_match_gemv(void) {
                 for (int k = 0; k < K; k++) row[k] = frand() * (r % 9 == 2 ? 1e-38f : 2.0f);
                 if (r % 5 == 1)
                     for (int k = 0; k < 32; k++) row[(size_t)(r % (K / 32)) * 32 + k] = 0.0f;
-                CHECK(q3_mx_quantize_row(Q3_MXFP4, row, (size_t)K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
+                CHECK(q3_mx_quantize_row(wt, row, (size_t)K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
             }
             for (int t = 0; t < TMAX; t++) {
                 for (int k = 0; k < K; k++) x[(size_t)t * K + k] = frand() * (k % 29 == 0 ? 40.0f : 1.0f);
                 CHECK(q3_mx_fake_quant_row(acts[ai], x + (size_t)t * K, (size_t)K, x + (size_t)t * K) == 0);
             }
-            q3_mat W = {.data = el, .dtype = Q3_MXFP4, .rows = M, .cols = K, .scales = sc, .a8 = 1, .ai8 = acts[ai] == Q3_MXINT8};
+            q3_mat W = {.data = el, .dtype = wt, .rows = M, .cols = K, .scales = sc, .a8 = 1, .ai8 = acts[ai] == Q3_MXINT8};
             for (int isa = Q3_ISA_AVX2; isa < Q3_ISA_COUNT; isa++) {
                 q3_kernels_force((q3_isa)isa);
                 if ((int)q3_kernels_isa() != isa) continue;
                 /* Past the per-token GEMVs (and below the integer GEMM's 7 tokens), only the one-pass kernels promise equality. */
                 const q3_isa_kernels *kt = q3_kernels_table();
                 const int i8 = acts[ai] == Q3_MXINT8, one_pass = i8 ? kt->gemv_i8_tokens != NULL : kt->gemv_a8_tokens != NULL;
-                const int tmax = one_pass ? kt->tokens_t : i8 ? (kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6) : kt->mx_gemv_t;
+                const int tmax = one_pass && wt == Q3_MXFP4 ? kt->tokens_t : i8 ? (kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6) : kt->mx_gemv_t;
                 for (int T = 2; T <= TMAX && T <= tmax; T++) {
                     q3_matmul(ot, x, T, &W);
                     int bad = 0;
@@ -241,8 +243,8 @@ static void test_mx_tokens_match_gemv(void) {
                         bad += memcmp(o1, ot + (size_t)t * M, M * sizeof(float)) != 0;
                     }
                     if (bad)
-                        fprintf(stderr, "test_mx_tokens_match_gemv: %s, K %d, input %d, %d tokens: %d differ\n", q3_isa_name((q3_isa)isa), K,
-                                acts[ai], T, bad);
+                        fprintf(stderr, "test_mx_tokens_match_gemv: %s, K %d, weights %d, input %d, %d tokens: %d differ\n",
+                                q3_isa_name((q3_isa)isa), K, wt, acts[ai], T, bad);
                     CHECK_EQ_INT(bad, 0);
                 }
             }
