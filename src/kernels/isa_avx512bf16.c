@@ -345,6 +345,7 @@ static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_m
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k) {
     k->a8_prep = a8_prep;
     k->gemv_a8 = gemv_a8;
+    k->gemv_a8_tokens = NULL; /* (the AVX512BW one reads fp32 copies, not these) */
     k->a8_prep_any = 0; /* its bf16 copy is exact for MXFP8 inputs only */
     k->a8_pack_act = a8_pack_act;
     k->gemm_a8 = gemm_a8;
