@@ -1,5 +1,5 @@
 /* AVX-512 weights-broadcast GEMM for BF16, F16, F32 and MX weights (MX
- * rows widened by the AVX2 decoders) and fp32 activations: the prefill
+ * rows widened by the MX GEMVs' decoders) and fp32 activations: the prefill
  * kernel for up to 128 tokens per weight matrix (each MoE expert sees
  * about T * top_k / num_experts; longer products run as passes).
  *
@@ -122,13 +122,13 @@ void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, 
 INLINE void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
     const int K = W->cols;
     const size_t rs = W->rs ? W->rs : (size_t)K;
-    if (q3_dtype_is_mxfp(W->dtype)) { /* whole rows only */
-        if (mx_lanes(W->dtype, K) == 4) q3_avx512_mx_row_slots(W, r, dst);
-        else q3_avx2_mx_row_slots(W, r, dst);
+    if (q3_dtype_is_mxfp(W->dtype)) {
+        if (mx_lanes(W->dtype, K) == 4) q3_avx512_mx_row_slots(W, r, k0, n, dst);
+        else q3_avx2_mx_row_slots(W, r, dst); /* whole rows only (its order spans them) */
         return;
     }
-    if (q3_dtype_is_mx(W->dtype)) {
-        q3_avx2_row_f32(W, r, 0, K, dst);
+    if (q3_dtype_is_mx(W->dtype)) { /* MXINT8: k0, n multiples of 32 */
+        q3_avx2_row_f32(W, r, k0, n, dst);
         return;
     }
     if (W->dtype == Q3_F32) {
@@ -279,7 +279,7 @@ INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k
 /* A product's shape, as q3_avx512_gemm_bc works it out for row_groups. */
 typedef struct {
     const float *ap;
-    int T, K, cs, ts, KB, ws, block, mx;
+    int T, K, cs, ts, KB, ws, block;
     size_t rs;
     int steps;
 } bc_shape;
@@ -288,7 +288,7 @@ typedef struct {
  * bound inside the tiles must be). */
 INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, float *wbuf, const bc_shape *sh, const int G) {
     const float *ap = sh->ap;
-    const int T = sh->T, K = sh->K, cs = sh->cs, ts = sh->ts, KB = sh->KB, ws = sh->ws, block = sh->block, mx = sh->mx;
+    const int T = sh->T, K = sh->K, cs = sh->cs, ts = sh->ts, KB = sh->KB, ws = sh->ws, block = sh->block;
     const size_t rs = sh->rs;
     float stage[Q3_STAGE_ROWS * Q3_BC_TOKENS_MAX] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += G) {
@@ -299,13 +299,13 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
         __m512 part[2 * ROWS * REM_MAX];
         for (int k0 = 0; k0 < K; k0 += KB) {
             const int kc = K - k0 < KB ? K - k0 : KB;
-            if (!mx || k0 == 0)
+            if (KB < K || k0 == 0)
                 for (int r = 0; r < G; r++) /* rows past R repeat the last one; their results are dropped */
                     widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
-            const float *wb = mx ? wbuf + k0 : wbuf;
+            const float *wb = wbuf;
             for (int t0 = 0; t0 < T; t0 += cs) {
                 const int tc = T - t0 < cs ? T - t0 : cs;
-                if (mx) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, part, &nx);
+                if (ws == K + PAD) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, part, &nx);
                 else if (block == BLOCK)
                     chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, part, &nx);
                 else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, part, &nx);
@@ -329,14 +329,21 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
     /* Steps of k over which the next rows are prefetched: the first chunk's tile, or its remainder's. */
     q3_split_tokens(T < cs ? T : cs, REM_MAX, &tv, &rem);
     const int steps = tv ? K : (K / 16) * ((rem + 2) / 3);
-    /* Plain rows widen a block of columns at a time, so the 8 rows' block stays
-     * in L1 for every chunk; MX rows widen whole (their decoders' order
-     * spans each row). */
-    const int mx = q3_dtype_is_mx(W->dtype), block = T > cs ? BLOCK_CHUNKS : BLOCK;
-    const int KB = mx ? K : block, ws = mx ? K + PAD : block + PAD;
+    /* Rows widen a block of columns at a time, so the 8 rows' block stays
+     * in L1 for every chunk. MX rows too (the 512-bit decoders' order is a
+     * permutation within 64 or 128 columns), MXFP4 ones 512 columns at a
+     * time (a call per 128 ran T = 24-32 6 % slower), except the rows only
+     * AVX2's decoders take, whose order spans the row: those widen whole.
+     * kernel_bench mx 1536 2048 20 T, GFLOP/s, whole rows -> blocks: MXFP8
+     * T = 16 149 -> 196, 32 220 -> 235; MXFP4 T = 16 156 -> 187, 32 the
+     * same. q30b8 prefill 512: W4A8 216.4 / 215.7 -> 220.6 / 221.7 tok/s,
+     * W8A8 207.9 -> 218.9. */
+    const int whole = q3_dtype_is_mxfp(W->dtype) && mx_lanes(W->dtype, K) != 4,
+              block = T > cs || W->dtype == Q3_MXFP4 ? BLOCK_CHUNKS : BLOCK;
+    const int KB = whole ? K : block, ws = whole ? K + PAD : block + PAD;
     /* Rows per group: 16 where the products are one token vector (T <= 22;
      * 8 accumulators would wait on the FMA latency), else 8. */
-    const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, mx, rs, steps};
+    const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, rs, steps};
     if (T <= cs && tv == 1) row_groups(out, ldo, W, r0, r1, wbuf, &sh, 2 * ROWS);
     else row_groups(out, ldo, W, r0, r1, wbuf, &sh, ROWS);
 }

@@ -201,15 +201,16 @@ void q3_avx512_gemv_mx_tokens(float *out, size_t ldo, const void *xbv, size_t xs
         }
 }
 
-void q3_avx512_mx_row_slots(const q3_mat *W, int r, float *dst) {
-    const int K = W->cols, nb = K / 32;
+void q3_avx512_mx_row_slots(const q3_mat *W, int r, int k0, int n, float *dst) {
+    const int K = W->cols, nb = K / 32, b0 = k0 / 32, b1 = (k0 + n) / 32;
     const uint8_t *sc = W->scales + (size_t)r * nb;
     const float *tab = q3_mx_scale_table(W->dtype);
+    dst -= k0;
     if (W->dtype == Q3_MXFP4) {
         const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (K / 2);
         __m512i lut_hi, lut_lo;
         fp4_luts(&lut_hi, &lut_lo);
-        for (int b = 0; b < nb; b += 4) {
+        for (int b = b0; b < b1; b += 4) {
             __m512 f[8];
             fp4x128(el + (size_t)b * 16, lut_hi, lut_lo, f);
             const __m512 s = fp4_factors(sc + b, tab);
@@ -218,7 +219,7 @@ void q3_avx512_mx_row_slots(const q3_mat *W, int r, float *dst) {
         return;
     }
     const uint8_t *el = (const uint8_t *)W->data + (size_t)r * K;
-    for (int b = 0; b < nb; b += 2) {
+    for (int b = b0; b < b1; b += 2) {
         __m512 f[4];
         fp8x64(el + (size_t)b * 32, f);
         const __m512 s = fp8_factors(sc + b, tab);

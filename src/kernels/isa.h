@@ -227,9 +227,11 @@ const uint8_t *q3_avx2_fp4_bf16_bytes(int hi);
 void q3_avx512_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);
 void q3_avx512_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
 void q3_avx512bw_mx_kernels(q3_isa_kernels *k);
-/* Row r of MXFP8 (K % 64 == 0) / MXFP4 (K % 128 == 0) weights widened to
- * fp32 in q3_mx_prep_lanes' 4-lane order, block scales applied (AVX512BW). */
-void q3_avx512_mx_row_slots(const q3_mat *W, int r, float *dst);
+/* Columns k0 .. k0 + n of row r of MXFP8 (K % 64 == 0) / MXFP4 (K % 128 ==
+ * 0) weights widened to fp32 in q3_mx_prep_lanes' 4-lane order (a
+ * permutation within each 64 / 128 columns, so k0 and n multiples of 128
+ * keep to it), block scales applied (AVX512BW). */
+void q3_avx512_mx_row_slots(const q3_mat *W, int r, int k0, int n, float *dst);
 /* gemv_i8_avx512vnni.c: the integer GEMV for MXFP4 weights of K % 128 == 0
  * and MXINT8 ones of K % 256 == 0 (others: the AVX2 one), and its input
  * copy. */
