@@ -279,7 +279,7 @@ INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k
 /* A product's shape, as q3_avx512_gemm_bc works it out for row_groups. */
 typedef struct {
     const float *ap;
-    int T, K, cs, ts, KB, ws, block;
+    int T, K, cs, ts, KB, ws, block, whole; /* whole: rows widened whole, ws = K + PAD */
     size_t rs;
     int steps;
 } bc_shape;
@@ -288,7 +288,7 @@ typedef struct {
  * bound inside the tiles must be). */
 INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, float *wbuf, const bc_shape *sh, const int G) {
     const float *ap = sh->ap;
-    const int T = sh->T, K = sh->K, cs = sh->cs, ts = sh->ts, KB = sh->KB, ws = sh->ws, block = sh->block;
+    const int T = sh->T, K = sh->K, cs = sh->cs, ts = sh->ts, KB = sh->KB, ws = sh->ws, block = sh->block, whole = sh->whole;
     const size_t rs = sh->rs;
     float stage[Q3_STAGE_ROWS * Q3_BC_TOKENS_MAX] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += G) {
@@ -299,16 +299,15 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
         __m512 part[2 * ROWS * REM_MAX];
         for (int k0 = 0; k0 < K; k0 += KB) {
             const int kc = K - k0 < KB ? K - k0 : KB;
-            if (KB < K || k0 == 0)
+            if (!whole || k0 == 0)
                 for (int r = 0; r < G; r++) /* rows past R repeat the last one; their results are dropped */
                     widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
-            const float *wb = wbuf;
             for (int t0 = 0; t0 < T; t0 += cs) {
                 const int tc = T - t0 < cs ? T - t0 : cs;
-                if (ws == K + PAD) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, part, &nx);
+                if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wbuf, ws, G, part, &nx);
                 else if (block == BLOCK)
-                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, part, &nx);
-                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, part, &nx);
+                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wbuf, BLOCK + PAD, G, part, &nx);
+                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wbuf, BLOCK_CHUNKS + PAD, G, part, &nx);
             }
         }
         if (at + G == Q3_STAGE_ROWS || rg + G >= r1) /* a full stage, or the last rows */
@@ -343,7 +342,7 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
     const int KB = whole ? K : block, ws = whole ? K + PAD : block + PAD;
     /* Rows per group: 16 where the products are one token vector (T <= 22;
      * 8 accumulators would wait on the FMA latency), else 8. */
-    const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, rs, steps};
+    const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, whole, rs, steps};
     if (T <= cs && tv == 1) row_groups(out, ldo, W, r0, r1, wbuf, &sh, 2 * ROWS);
     else row_groups(out, ldo, W, r0, r1, wbuf, &sh, ROWS);
 }
