@@ -190,25 +190,28 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
 
-/* The GEMVs that decode MX rows once for several tokens take W:
- * gemv_i8_tokens (MXINT8 inputs, MXFP4 weights), gemv_a8_tokens (the
- * others, MXFP4 and MXFP8 weights). */
-static int i8_tokens_ok(const q3_mat *W) { return g_k->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0; }
-static int a8_tokens_ok(const q3_mat *W) { return g_k->gemv_a8_tokens && q3_mx_wide_fits(W->dtype, W->cols); }
+/* The GEMV that decodes MX rows once for several tokens takes W (with
+ * MXINT8 inputs, i8: gemv_i8_tokens, MXFP4 weights; else gemv_a8_tokens,
+ * MXFP4 and MXFP8 weights). */
+static int tokens_ok(const q3_mat *W, int i8) {
+    return i8 ? g_k->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0
+              : g_k->gemv_a8_tokens && q3_mx_wide_fits(W->dtype, W->cols);
+}
 
-/* A few tokens against MX weights: one GEMV per token (the integer one
- * where it applies), or one pass of gemv_i8_tokens, on prepared input
- * copies (made once per thread and pass; copies are at most 4 * K bytes). */
+/* A few tokens against MX weights: one pass of the tokens GEMV where it
+ * takes W, else one GEMV per token (the integer one where it applies), on
+ * prepared input copies (made once per thread and pass; copies are at most
+ * 4 * K bytes). */
 static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, int i8) {
     static _Thread_local float *xt;
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
     if (!xt) xt = q3_malloc((size_t)MX_GEMV_TOKENS * A8_KMAX * sizeof *xt);
-    const int together = i8 ? i8_tokens_ok(W) : a8_tokens_ok(W);
+    const int together = tokens_ok(W, i8);
     if (act_stale(&have, jb))
         for (int t = 0; t < jb->T; t++) {
             float *xc = xt + (size_t)t * W->cols;
-            if (together && i8) g_k->i8_prep_tokens(xc, jb->x + (size_t)t * jb->ldx, W->cols); /* (differs from gemv_i8's) */
+            if (together && i8) g_k->i8_prep_tokens(xc, jb->x + (size_t)t * jb->ldx, W->cols); /* (not gemv_i8's layout) */
             else prep_input(i8, xc, jb->x + (size_t)t * jb->ldx, W);
         }
     if (together) {
@@ -250,9 +253,8 @@ enum { I8_GEMM_MIN_T = 7 };
 static int gemm_i8_ok(const q3_mm_job *jb) {
     const q3_mat *W = jb->W;
     return g_k->gemm_i8 && W->ai8 && (W->dtype == Q3_MXFP4 || (W->dtype == Q3_MXINT8 && g_k->gemm_i8_int8)) && W->cs <= 1 &&
-           W->cols % 64 == 0 &&
-           W->cols <= Q3_LANE_KMAX && jb->T >= I8_GEMM_MIN_T && jb->T <= Q3_BC_TOKENS_MAX &&
-           !(jb->T <= g_k->tokens_t && i8_tokens_ok(W));
+           W->cols % 64 == 0 && W->cols <= Q3_LANE_KMAX && jb->T >= I8_GEMM_MIN_T && jb->T <= Q3_BC_TOKENS_MAX &&
+           !(jb->T <= g_k->tokens_t && tokens_ok(W, 1));
 }
 
 static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
@@ -297,12 +299,10 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
     if (jb->T == 1) TAKE(g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr));
     if (jb->T <= Q3_LANE_TOKENS && bf16_shape_ok(W)) TAKE(run_gemm_bf16(jb, r0, nr));
     if (gemm_i8_ok(jb)) TAKE(run_gemm_i8(jb, r0, nr));
-    const int per_token_t = i8 ? g_k->i8_gemv_t : g_k->mx_gemv_t, tokens = i8 ? i8_tokens_ok(W) : a8_tokens_ok(W);
-    /* MXFP8 weights take the one-pass kernel only as far as the per-token GEMVs go: past that, in the
-     * model, the broadcast GEMM was faster (BENCHMARKS.md) */
-    const int tt = W->dtype == Q3_MXFP8 ? per_token_t : g_k->tokens_t;
-    if (jb->T <= (tokens && tt > per_token_t ? tt : per_token_t) && jb->T <= MX_GEMV_TOKENS &&
-        (i8 || gemv_mx_ok(W)))
+    /* The tokens GEMV takes MXFP4 products up to tokens_t; MXFP8 ones only as far as the per-token
+     * GEMVs go (past that, in the model, the broadcast GEMM was faster: BENCHMARKS.md). */
+    const int most = W->dtype == Q3_MXFP4 && tokens_ok(W, i8) ? g_k->tokens_t : i8 ? g_k->i8_gemv_t : g_k->mx_gemv_t;
+    if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && (i8 || gemv_mx_ok(W)))
         TAKE(run_gemv_mx_tokens(jb, r0, nr, i8));
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
         (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
