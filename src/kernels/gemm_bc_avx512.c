@@ -42,8 +42,8 @@ enum { REM_MAX = 6 };
  * sets, and a step reads one line of each. */
 enum { PAD = 16 };
 
-/* Columns widened at a time for plain rows: for one chunk of tokens, 8
- * rows of 128 floats (4 KiB), so that they and the chunk's block of the
+/* Columns widened at a time (MX rows: see q3_avx512_gemm_bc): for one
+ * chunk of tokens, 8 rows of 128 floats (4 KiB), so that they and the chunk's block of the
  * token panel (128 x 32 floats for 32 tokens) fit L1 together. With 512
  * (a 64 KiB block) the widening took 20 % of the kernel's samples, with
  * 128 13 %: kernel_bench 1536 2048 32 264 -> 276 GFLOP/s, moe-prefill

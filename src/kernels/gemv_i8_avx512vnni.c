@@ -75,7 +75,7 @@ static void prep_int8(void *xq, const float *x, int K) {
 
 /* The MXFP4 copy: |a| and the sign masks (ua, sx above), or (offset) a +
  * 128 as unsigned bytes in ua's place and no sign masks, for
- * gemv_fp4_tokens; fg the same in both. */
+ * q3_avx512vnni_gemv_i8_tokens; fg the same in both. */
 static void prep_fp4(void *xq, const float *x, int K, int offset) {
     uint8_t *ua = xq, *sx = ua + K;
     float *fg = fg_of(xq, K, Q3_MXFP4);
@@ -224,7 +224,9 @@ INLINE float row_int8(const uint8_t *el, const uint8_t *sc, int nb, const int8_t
  * starts from minus 128 times its weights' sum, which leaves the sum of
  * a * w exact: the same integer block sums as row_fp4's, scaled and added
  * in the same order, so each token's result is bit for bit the GEMV's.
- * out[t * ldo] for t < TB. */
+ * out[t * ldo] for t < TB. (The one-token GEMV keeps row_fp4: its sign XOR
+ * is one operation per group, where this form adds two VPDPBUSD and a
+ * subtraction, worth it only when several tokens share them.) */
 INLINE void row_fp4_tokens(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const uint8_t *xq, size_t xs,
                            const float *wtab, size_t pf, __m128i *lo, __m128i *hi, const int TB, const int exact_codes) {
     const int K = nb * 32;
