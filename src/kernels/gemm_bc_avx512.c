@@ -154,6 +154,12 @@ INLINE void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
  * pairs: experts 224-226 -> 226-233 GFLOP/s. */
 enum { ROWS = 8 };
 
+/* Steps of k by which the tile prefetches its token panel ahead: the
+ * panel streams from L2 (256 KB for 32 tokens of K = 2048) and each step
+ * takes a line per token vector. kernel_bench 256 2048 T, one thread,
+ * GFLOP/s: T = 32 145.7 -> 149.5, 48 156 -> 164, 24 110 -> 113. */
+enum { AP_AHEAD = 8 };
+
 /* The next rows' weights, prefetched one line every `every` steps of the
  * loops that use the current rows: rows are a page or so each, so the
  * hardware prefetcher, which stops at page boundaries, would leave every
@@ -178,27 +184,63 @@ INLINE void next_rows_step(next_rows *nx) {
     }
 }
 
+/* The widening of the next block of BF16 rows, done 16 columns a step
+ * inside the current block's tile: as a pass of its own between tiles
+ * (load, widen, store, with no FMA to hide behind), it took 12 % of the
+ * kernel's samples in a 512-token prefill. With the tile's k loop taken
+ * two steps at a time (one widening step per pair, the panel walked by
+ * pointer), kernel_bench 256 2048 T, one thread, GFLOP/s: T = 32 136 ->
+ * 145, 40 127 -> 137, 24 103 -> 110. */
+typedef struct {
+    const uint16_t *row[2 * 8]; /* source rows at the block's first column */
+    const uint16_t *src;        /* the next step's 16 elements, */
+    float *dst;                 /* and where they go */
+    int ws, n, rows;            /* rows of n columns, ws floats apart at dst */
+    int r, c;                   /* the next step's row and column; r == rows: done */
+} widen_job;
+
+static inline widen_job widen_job_of(float *dst, int ws, int n, int rows) {
+    return (widen_job){.dst = dst, .ws = ws, .n = n, .rows = rows};
+}
+
+INLINE void widen_step(widen_job *wj) {
+    if (wj->r >= wj->rows) return;
+    if (wj->c == 0) wj->src = wj->row[wj->r];
+    const __m256i h = _mm256_loadu_si256((const __m256i *)wj->src);
+    _mm512_storeu_ps(wj->dst, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    wj->src += 16, wj->dst += 16;
+    if ((wj->c += 16) == wj->n) wj->c = 0, wj->r++, wj->dst += wj->ws - wj->n;
+}
+
 /* stage[r * ts + t] for r < NR, t < 16 * TB: columns k0 .. k0 + kc of
  * the products, from the NR widened rows' columns at wb[r * ws ..], added
  * to the stage's sums of the columns before k0. */
 INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const float *wb, int ws, const int NR, const int TB,
-                 next_rows *nx) {
+                 next_rows *nx, widen_job *wj) {
     const int TP = 16 * TB;
     __m512 acc[2 * ROWS][3];
 #pragma GCC unroll 16
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int tb = 0; tb < TB; tb++) acc[r][tb] = k0 ? _mm512_loadu_ps(stage + (size_t)r * ts + 16 * tb) : _mm512_setzero_ps();
-    for (int k = 0; k < kc; k++) {
+    const float *apk = ap + (size_t)k0 * TP;
+    for (int k = 0; k < kc; k += 2) { /* kc is even; a widening step per two k and 8 rows */
         next_rows_step(nx);
-        __m512 a[3];
+#pragma GCC unroll 2
+        for (int i = 0; i < NR / ROWS; i++) widen_step(wj);
+#pragma GCC unroll 2
+        for (int kk = k; kk < k + 2; kk++, apk += TP) {
+            __m512 a[3];
 #pragma GCC unroll 3
-        for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(ap + (size_t)(k0 + k) * TP + 16 * tb);
+            for (int tb = 0; tb < TB; tb++) _mm_prefetch((const char *)(apk + AP_AHEAD * TP + 16 * tb), _MM_HINT_T0);
+#pragma GCC unroll 3
+            for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(apk + 16 * tb);
 #pragma GCC unroll 16
-        for (int r = 0; r < NR; r++) {
-            const __m512 w = _mm512_set1_ps(wb[(size_t)r * ws + k]);
+            for (int r = 0; r < NR; r++) {
+                const __m512 w = _mm512_set1_ps(wb[(size_t)r * ws + kk]);
 #pragma GCC unroll 3
-            for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
+                for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
+            }
         }
     }
 #pragma GCC unroll 16
@@ -258,13 +300,13 @@ static void rem_dots(__m512 *part, const float *wb, int ws, const float *xr, int
  * from st; the remainder's partial sums wait in part (8 rows at a time) and
  * are reduced into the stage after the last columns. */
 INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k0, int kc, const float *wb, int ws,
-                       const int G, __m512 *part, next_rows *nx) {
+                       const int G, __m512 *part, next_rows *nx, widen_job *wj) {
     int tv, rem;
     q3_split_tokens(tc, REM_MAX, &tv, &rem);
-    if (G == 2 * ROWS) tile(st, ts, apc, k0, kc, wb, ws, 2 * ROWS, 1, nx); /* only for tv == 1 */
-    else if (tv == 1) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 1, nx);
-    else if (tv == 2) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 2, nx);
-    else if (tv == 3) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 3, nx);
+    if (G == 2 * ROWS) tile(st, ts, apc, k0, kc, wb, ws, 2 * ROWS, 1, nx, wj); /* only for tv == 1 */
+    else if (tv == 1) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 1, nx, wj);
+    else if (tv == 2) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 2, nx, wj);
+    else if (tv == 3) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 3, nx, wj);
     if (!rem) return;
     for (int h = 0; h < G / ROWS; h++) {
         __m512 *ph = part + h * ROWS * REM_MAX;
@@ -290,6 +332,12 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
     const float *ap = sh->ap;
     const int T = sh->T, K = sh->K, cs = sh->cs, ts = sh->ts, KB = sh->KB, ws = sh->ws, block = sh->block, whole = sh->whole;
     const size_t rs = sh->rs;
+    /* BF16 rows in blocks: each block widened during the previous one's
+     * tiles (widen_job), into the other half of wbuf. */
+    const int piped = W->dtype == Q3_BF16 && !whole;
+    const size_t wrs = W->rs ? W->rs : (size_t)K;
+    float *wb = wbuf, *wnext = wbuf + (size_t)G * ws;
+    widen_job wj = {.rows = 0};
     float stage[Q3_STAGE_ROWS * Q3_BC_TOKENS_MAX] __attribute__((aligned(64)));
     for (int rg = r0; rg < r1; rg += G) {
         const int R = r1 - rg < G ? r1 - rg : G, at = (rg - r0) % Q3_STAGE_ROWS;
@@ -299,15 +347,28 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
         __m512 part[2 * ROWS * REM_MAX];
         for (int k0 = 0; k0 < K; k0 += KB) {
             const int kc = K - k0 < KB ? K - k0 : KB;
-            if (!whole || k0 == 0)
+            if (piped) {
+                if (rg == r0 && k0 == 0) /* the first block: nothing to hide it behind */
+                    for (int r = 0; r < G; r++) widen_row(wb + (size_t)r * ws, W, rg + (r < R ? r : R - 1), 0, kc);
+                else {
+                    while (wj.r < wj.rows) widen_step(&wj); /* what the previous block's tiles left */
+                    float *t = wb;
+                    wb = wnext, wnext = t;
+                }
+                /* the next block: this group's next columns, or the next group's first */
+                const int nk0 = k0 + kc < K ? k0 + kc : 0, nrg = nk0 ? rg : rg + G;
+                wj = widen_job_of(wnext, ws, K - nk0 < KB ? K - nk0 : KB, nrg < r1 ? G : 0);
+                const int nR = r1 - nrg < G ? r1 - nrg : G;
+                for (int r = 0; r < wj.rows; r++) wj.row[r] = (const uint16_t *)W->data + (size_t)(nrg + (r < nR ? r : nR - 1)) * wrs + nk0;
+            } else if (!whole || k0 == 0)
                 for (int r = 0; r < G; r++) /* rows past R repeat the last one; their results are dropped */
                     widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
             for (int t0 = 0; t0 < T; t0 += cs) {
                 const int tc = T - t0 < cs ? T - t0 : cs;
-                if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wbuf, ws, G, part, &nx);
+                if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, part, &nx, &wj);
                 else if (block == BLOCK)
-                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wbuf, BLOCK + PAD, G, part, &nx);
-                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wbuf, BLOCK_CHUNKS + PAD, G, part, &nx);
+                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, part, &nx, &wj);
+                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, part, &nx, &wj);
             }
         }
         if (at + G == Q3_STAGE_ROWS || rg + G >= r1) /* a full stage, or the last rows */
@@ -327,7 +388,7 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
     ts = last + 16 * tv + rem;
     /* Steps of k over which the next rows are prefetched: the first chunk's tile, or its remainder's. */
     q3_split_tokens(T < cs ? T : cs, REM_MAX, &tv, &rem);
-    const int steps = tv ? K : (K / 16) * ((rem + 2) / 3);
+    const int steps = tv ? K / 2 : (K / 16) * ((rem + 2) / 3);
     /* Rows widen a block of columns at a time, so the 8 rows' block stays
      * in L1 for every chunk. MX rows too (the 512-bit decoders' order is a
      * permutation within 64 or 128 columns), MXFP4 ones 512 columns at a
