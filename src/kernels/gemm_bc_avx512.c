@@ -69,6 +69,18 @@ static int chunk_of(int T) {
     return ((T + n - 1) / n + 15) / 16 * 16;
 }
 
+/* Products of PAIR_MIN .. PAIR_MAX tokens run as pairs: 3 vectors of 8
+ * tokens, each lane for one of two consecutive k (lane 2 t + j of vector
+ * v: token 8 v + t, k = 2 kp + j), against the rows' weights broadcast two
+ * at a time; the two halves of each token's sum are added at the end.
+ * That is the 3-vector tile, where 16-token lanes took a padded second
+ * vector (T = 23, 24) or a 16-row tile and 4-6 remainder tokens (T = 20-22).
+ * kernel_bench 384 2048 T, one thread, GFLOP/s: T = 20 118 -> 128, 22 121
+ * -> 141, 23 110 -> 148, 24 115 -> 154; but 17 120 -> 109, 19 the same. */
+enum { PAIR_MIN = 20, PAIR_MAX = 24, PAIR_V = 3 };
+
+static int paired(int T) { return T >= PAIR_MIN && T <= PAIR_MAX; }
+
 /* The lanes of the MX decoders that widen rows of dtype wt and K columns:
  * AVX-512's (gemv_mx_avx512.c, 4) where the CPU has AVX512BW and K fits
  * them, else AVX2's (2). 1.3x per element from cache. */
@@ -82,13 +94,17 @@ static int mx_lanes(q3_dtype wt, int K) {
  * tokens as rows of K floats, K + PAD apart. For MXFP8 / MXFP4 weights
  * (wt), whose rows widen in the MX GEMV decoders' element order, the token
  * rows are first permuted to that order (q3_mx_prep_lanes, exact). */
-static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+static const float *mx_permuted(const float *x, size_t *ldx, int T, int K, q3_dtype wt) {
     static _Thread_local float *perm; /* CHUNK permuted rows; prefill only, kept for the thread's life */
-    if (q3_dtype_is_mxfp(wt)) {
-        if (!perm) perm = q3_malloc((size_t)CHUNK * Q3_LANE_KMAX * sizeof *perm);
-        for (int t = 0; t < T; t++) q3_mx_prep_lanes(perm + (size_t)t * K, x + (size_t)t * ldx, K, wt, mx_lanes(wt, K));
-        x = perm, ldx = (size_t)K;
-    }
+    if (!q3_dtype_is_mxfp(wt)) return x;
+    if (!perm) perm = q3_malloc((size_t)CHUNK * Q3_LANE_KMAX * sizeof *perm);
+    for (int t = 0; t < T; t++) q3_mx_prep_lanes(perm + (size_t)t * K, x + (size_t)t * *ldx, K, wt, mx_lanes(wt, K));
+    *ldx = (size_t)K;
+    return perm;
+}
+
+static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+    x = mx_permuted(x, &ldx, T, K, wt);
     int tv, rem;
     q3_split_tokens(T, REM_MAX, &tv, &rem);
     const int TP = 16 * tv;
@@ -108,10 +124,37 @@ static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_d
     }
 }
 
+/* The paired panel of T <= PAIR_MAX tokens: ap[kp][16 v + 2 t + j] =
+ * x[8 v + t][2 kp + j] for v < PAIR_V (zero past T). */
+static void pack_pairs(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+    x = mx_permuted(x, &ldx, T, K, wt);
+    const int TP = 16 * PAIR_V;
+    if (ldx > (size_t)INT32_MAX / 16) { /* gather offsets are 32-bit */
+        for (int kp = 0; kp < K / 2; kp++)
+            for (int l = 0; l < TP; l++) ap[(size_t)kp * TP + l] = l / 2 < T ? x[(size_t)(l / 2) * ldx + 2 * kp + l % 2] : 0.0f;
+        return;
+    }
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(lane, 1), _mm512_set1_epi32((int)ldx)),
+                                         _mm512_and_si512(lane, _mm512_set1_epi32(1)));
+    for (int v = 0; v < PAIR_V; v++) {
+        const int n = T - 8 * v >= 8 ? 8 : T - 8 * v; /* tokens in this vector */
+        const __mmask16 m = (__mmask16)((1u << (2 * n)) - 1);
+        const float *base = x + (size_t)(8 * v) * ldx;
+        for (int kp = 0; kp < K / 2; kp++)
+            _mm512_storeu_ps(ap + (size_t)kp * TP + 16 * v, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, base + 2 * kp, 4));
+    }
+}
+
 /* Chunks of chunk_of(T) tokens, the one from token t0 at ap + t0 * K: at
  * most T * K + REM_MAX * PAD floats in all, or (T rounded up to 16) * K
- * where the last chunk pads a vector. */
+ * where the last chunk pads a vector; paired products as pairs
+ * (pack_pairs), 24 * K floats. */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+    if (paired(T)) {
+        pack_pairs(ap, x, ldx, T, K, wt);
+        return;
+    }
     const int cs = chunk_of(T);
     for (int t0 = 0; t0 < T; t0 += cs) pack_chunk(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, T - t0 < cs ? T - t0 : cs, K, wt);
 }
@@ -216,20 +259,21 @@ INLINE void widen_step(widen_job *wj) {
  * the products, from the NR widened rows' columns at wb[r * ws ..], added
  * to the stage's sums of the columns before k0. */
 INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const float *wb, int ws, const int NR, const int TB,
-                 next_rows *nx, widen_job *wj) {
+                 const int PAIR, next_rows *nx, widen_job *wj) {
     const int TP = 16 * TB;
     __m512 acc[2 * ROWS][3];
 #pragma GCC unroll 16
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int tb = 0; tb < TB; tb++) acc[r][tb] = k0 ? _mm512_loadu_ps(stage + (size_t)r * ts + 16 * tb) : _mm512_setzero_ps();
-    const float *apk = ap + (size_t)k0 * TP;
+    const float *apk = ap + (size_t)(PAIR ? k0 / 2 : k0) * TP; /* PAIR: a panel row per two k */
     for (int k = 0; k < kc; k += 2) { /* kc is even; a widening step per two k and 8 rows */
         next_rows_step(nx);
 #pragma GCC unroll 2
         for (int i = 0; i < NR / ROWS; i++) widen_step(wj);
 #pragma GCC unroll 2
-        for (int kk = k; kk < k + 2; kk++, apk += TP) {
+        for (int i = 0; i < 2 - PAIR; i++, apk += TP) {
+            const int kk = k + i;
             __m512 a[3];
 #pragma GCC unroll 3
             for (int tb = 0; tb < TB; tb++) _mm_prefetch((const char *)(apk + AP_AHEAD * TP + 16 * tb), _MM_HINT_T0);
@@ -237,7 +281,10 @@ INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const fl
             for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(apk + 16 * tb);
 #pragma GCC unroll 16
             for (int r = 0; r < NR; r++) {
-                const __m512 w = _mm512_set1_ps(wb[(size_t)r * ws + kk]);
+                const float *wr = wb + (size_t)r * ws + kk;
+                double w2; /* the pair (a load that broadcasts: from a register, each took a shuffle uop) */
+                if (PAIR) memcpy(&w2, wr, sizeof w2);
+                const __m512 w = PAIR ? _mm512_castpd_ps(_mm512_set1_pd(w2)) : _mm512_set1_ps(*wr);
 #pragma GCC unroll 3
                 for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
             }
@@ -295,18 +342,36 @@ static void rem_dots(__m512 *part, const float *wb, int ws, const float *xr, int
     }
 }
 
+/* stage[r * ts + 8 v + t] for r < ROWS, v < PAIR_V, t < 8: each token's
+ * two halves (paired lanes 2 t and 2 t + 1 of pst[r * 16 PAIR_V + 16 v])
+ * added. */
+static void pair_sums(float *stage, int ts, const float *pst) {
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < PAIR_V; v++) {
+            const __m512 x = _mm512_loadu_ps(pst + (size_t)r * 16 * PAIR_V + 16 * v);
+            const __m512 s = _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));
+            _mm256_storeu_ps(stage + (size_t)r * ts + 8 * v, _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, s)));
+        }
+}
+
 /* One chunk (tc tokens, packed at apc) against the G widened rows' columns
  * k0 .. k0 + kc (G = 16 only for one token vector), into stage columns
  * from st; the remainder's partial sums wait in part (8 rows at a time) and
- * are reduced into the stage after the last columns. */
+ * are reduced into the stage after the last columns. Paired products (G =
+ * 8) keep their sums in pst until then. */
 INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k0, int kc, const float *wb, int ws,
-                       const int G, __m512 *part, next_rows *nx, widen_job *wj) {
+                       const int G, int pair, float *pst, __m512 *part, next_rows *nx, widen_job *wj) {
+    if (G == ROWS && pair) {
+        tile(pst, 16 * PAIR_V, apc, k0, kc, wb, ws, ROWS, PAIR_V, 1, nx, wj);
+        if (k0 + kc == K) pair_sums(st, ts, pst);
+        return;
+    }
     int tv, rem;
     q3_split_tokens(tc, REM_MAX, &tv, &rem);
-    if (G == 2 * ROWS) tile(st, ts, apc, k0, kc, wb, ws, 2 * ROWS, 1, nx, wj); /* only for tv == 1 */
-    else if (tv == 1) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 1, nx, wj);
-    else if (tv == 2) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 2, nx, wj);
-    else if (tv == 3) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 3, nx, wj);
+    if (G == 2 * ROWS) tile(st, ts, apc, k0, kc, wb, ws, 2 * ROWS, 1, 0, nx, wj); /* only for tv == 1 */
+    else if (tv == 1) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 1, 0, nx, wj);
+    else if (tv == 2) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 2, 0, nx, wj);
+    else if (tv == 3) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 3, 0, nx, wj);
     if (!rem) return;
     for (int h = 0; h < G / ROWS; h++) {
         __m512 *ph = part + h * ROWS * REM_MAX;
@@ -322,6 +387,7 @@ INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k
 typedef struct {
     const float *ap;
     int T, K, cs, ts, KB, ws, block, whole; /* whole: rows widened whole, ws = K + PAD */
+    int pair;                               /* paired(T) */
     size_t rs;
     int steps;
 } bc_shape;
@@ -345,6 +411,7 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
         next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + G) * rs, nrows > 0 ? (size_t)nrows * rs : 0, sh->steps);
         float *st = stage + (size_t)at * ts;
         __m512 part[2 * ROWS * REM_MAX];
+        float pst[ROWS * 16 * PAIR_V] __attribute__((aligned(64)));
         for (int k0 = 0; k0 < K; k0 += KB) {
             const int kc = K - k0 < KB ? K - k0 : KB;
             if (piped) {
@@ -365,10 +432,12 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
                     widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
             for (int t0 = 0; t0 < T; t0 += cs) {
                 const int tc = T - t0 < cs ? T - t0 : cs;
-                if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, part, &nx, &wj);
+                if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, sh->pair, pst, part, &nx, &wj);
                 else if (block == BLOCK)
-                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, part, &nx, &wj);
-                else chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, part, &nx, &wj);
+                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, sh->pair, pst, part, &nx, &wj);
+                else
+                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, sh->pair, pst, part, &nx,
+                               &wj);
             }
         }
         if (at + G == Q3_STAGE_ROWS || rg + G >= r1) /* a full stage, or the last rows */
@@ -383,12 +452,12 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
                                                : (W->rs ? W->rs : (size_t)K) * (W->dtype == Q3_F32 ? 4 : 2);
     /* Stage row: each chunk's tokens (the last one's padded lanes too). */
     int tv, rem, ts;
-    const int cs = chunk_of(T), last = (T - 1) / cs * cs;
+    const int cs = chunk_of(T), last = (T - 1) / cs * cs, pair = paired(T);
     q3_split_tokens(T - last, REM_MAX, &tv, &rem);
-    ts = last + 16 * tv + rem;
+    ts = pair ? 8 * PAIR_V : last + 16 * tv + rem;
     /* Steps of k over which the next rows are prefetched: the first chunk's tile, or its remainder's. */
     q3_split_tokens(T < cs ? T : cs, REM_MAX, &tv, &rem);
-    const int steps = tv ? K / 2 : (K / 16) * ((rem + 2) / 3);
+    const int steps = tv || pair ? K / 2 : (K / 16) * ((rem + 2) / 3);
     /* Rows widen a block of columns at a time, so the 8 rows' block stays
      * in L1 for every chunk. MX rows too (the 512-bit decoders' order is a
      * permutation within 64 or 128 columns), MXFP4 ones 512 columns at a
@@ -401,10 +470,10 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
     const int whole = q3_dtype_is_mxfp(W->dtype) && mx_lanes(W->dtype, K) != 4,
               block = T > cs || W->dtype == Q3_MXFP4 ? BLOCK_CHUNKS : BLOCK;
     const int KB = whole ? K : block, ws = whole ? K + PAD : block + PAD;
-    /* Rows per group: 16 where the products are one token vector (T <= 22;
-     * 8 accumulators would wait on the FMA latency), else 8. */
-    const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, whole, rs, steps};
-    if (T <= cs && tv == 1) row_groups(out, ldo, W, r0, r1, wbuf, &sh, 2 * ROWS);
+    /* Rows per group: 16 where the products are one token vector (T <= 22,
+     * unpaired; 8 accumulators would wait on the FMA latency), else 8. */
+    const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, whole, pair, rs, steps};
+    if (!pair && T <= cs && tv == 1) row_groups(out, ldo, W, r0, r1, wbuf, &sh, 2 * ROWS);
     else row_groups(out, ldo, W, r0, r1, wbuf, &sh, ROWS);
 }
 #pragma GCC pop_options

@@ -332,8 +332,8 @@ static void test_mx_matmul(void) {
     check_mx(Q3_MXFP4, 1, 40, 768);
     check_mx(Q3_MXFP4, 1, 260, 2048);
     check_mx(Q3_MXFP4, 1, 33, 320);
-    /* The A8 GEMM: 1, 2 and 3 vectors of tokens, row tails, several passes of 48 tokens. */
-    const int gt[] = {2, 9, 17, 33, 48, 100};
+    /* The A8 GEMM: 1, 2 and 3 vectors of tokens, paired tokens (22), row tails, several passes of 48 tokens. */
+    const int gt[] = {2, 9, 17, 22, 33, 48, 100};
     for (size_t i = 0; i < sizeof gt / sizeof gt[0]; i++) {
         check_mx_a8(Q3_MXFP4, gt[i], 37, 256, Q3_MXFP8, 0);
         check_mx_a8(Q3_MXFP8, gt[i], 21, 192, Q3_MXFP8, 0);
@@ -356,6 +356,8 @@ static void test_mx_matmul(void) {
     check_mx(Q3_MXFP8, 1, 37, 256);
     check_mx(Q3_MXFP4, 1, 37, 256);
     check_mx(Q3_MXFP8, 9, 40, 320);
+    check_mx(Q3_MXFP8, 21, 40, 320); /* AVX-512: paired tokens, MX rows widened in blocks */
+    check_mx(Q3_MXFP4, 24, 19, 1024);
     check_mx(Q3_MXFP8, 5, 40, 320); /* a few tokens: one GEMV per token (AVX2) */
     check_mx(Q3_MXFP4, 8, 23, 256);
     check_mx(Q3_MXINT8, 5, 40, 320);
