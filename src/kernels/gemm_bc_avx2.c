@@ -36,7 +36,7 @@ void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3
         }
         const float *xr = x + (size_t)t * ldx;
         if (q3_dtype_is_mxfp(wt)) { /* the order the MX rows are widened in */
-            q3_avx2_mx_prep(row, xr, K, wt);
+            q3_mx_prep_lanes(row, xr, K, wt, 2);
             xr = row;
         }
         for (int k = 0; k < K; k++) ap[(size_t)k * TP + t] = xr[k];

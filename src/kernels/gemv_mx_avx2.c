@@ -27,6 +27,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 
@@ -38,8 +39,9 @@
 
 
 /* E8M0 code -> the block factor, shared with isa_avx2.c's decoders (times
- * 2^120 for E4M3, 1/2 for E2M1 decoded as twice its value). */
-static const float *g_scale8, *g_scale4;
+ * 2^120 for E4M3, 1/2 for E2M1 decoded as twice its value); g_copy8 for
+ * E4M3 against the GEMV's scaled copy (q3_mx_prep_copy). */
+static const float *g_scale8, *g_scale4, *g_copy8;
 /* bf16 high and low byte of twice the 16 E2M1 values, twice (one per lane). */
 static uint8_t g_fp4_hi[32], g_fp4_lo[32];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -50,6 +52,7 @@ static void init_tables(void) {
         g_fp4_hi[c] = (uint8_t)(w >> 8), g_fp4_lo[c] = (uint8_t)w;
     }
     g_scale8 = q3_mx_scale_table(Q3_MXFP8);
+    g_copy8 = q3_mx_copy_scale_table(Q3_MXFP8);
     g_scale4 = q3_mx_scale_table(Q3_MXFP4);
 }
 
@@ -65,16 +68,22 @@ const uint8_t *q3_avx2_fp4_bf16_bytes(int hi) {
  * 4 lanes v + 4l + j holds element 32l + 4j + fp4_off[v]. */
 static const int fp8_off[4] = {0, 2, 1, 3}, fp4_off[8] = {0, 2, 16, 18, 1, 3, 17, 19};
 
-void q3_mx_prep_lanes(float *xb, const float *x, int K, q3_dtype wt, int lanes) {
+static void prep(float *xb, const float *x, int K, q3_dtype wt, int lanes, float f) {
     const int fp4 = wt == Q3_MXFP4, nv = fp4 ? 8 : 4, span = fp4 ? 32 : 16;
     for (int k = 0; k < K; k += span * lanes)
         for (int v = 0; v < nv; v++)
             for (int l = 0; l < lanes; l++)
                 for (int j = 0; j < 4; j++)
-                    xb[k + 4 * lanes * v + 4 * l + j] = x[k + span * l + 4 * j + (fp4 ? fp4_off[v] : fp8_off[v])];
+                    xb[k + 4 * lanes * v + 4 * l + j] = f * x[k + span * l + 4 * j + (fp4 ? fp4_off[v] : fp8_off[v])];
 }
 
-void q3_avx2_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) { q3_mx_prep_lanes(xbv, x, K, wt, 2); }
+void q3_mx_prep_lanes(float *xb, const float *x, int K, q3_dtype wt, int lanes) { prep(xb, x, K, wt, lanes, 1.0f); }
+
+void q3_mx_prep_copy(float *xb, const float *x, int K, q3_dtype wt, int lanes) {
+    prep(xb, x, K, wt, lanes, wt == Q3_MXFP8 ? ldexpf(1.0f, Q3_FP8_COPY_EXP) : 1.0f);
+}
+
+void q3_avx2_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) { q3_mx_prep_copy(xbv, x, K, wt, 2); }
 
 /* bf16 words (or E4M3 words shaped like them) -> fp32: each word becomes
  * the top half of a dword, by masks and shifts rather than unpacks (which
@@ -127,7 +136,7 @@ INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, int nb, const float *
         __m256 d0 = _mm256_mul_ps(f[0], _mm256_load_ps(xs)), d1 = _mm256_mul_ps(f[1], _mm256_load_ps(xs + 8));
         d0 = _mm256_fmadd_ps(f[2], _mm256_load_ps(xs + 16), d0);
         d1 = _mm256_fmadd_ps(f[3], _mm256_load_ps(xs + 24), d1);
-        const __m256 s = _mm256_broadcast_ss(g_scale8 + sc[b]);
+        const __m256 s = _mm256_broadcast_ss(g_copy8 + sc[b]);
         if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc1);
         else acc0 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc0);
     }

@@ -3,7 +3,7 @@
  * AVX-512 BF16: gemv_mx_avx2.c's decoders on whole 512-bit vectors, 64
  * E4M3 codes (two blocks) or 128 E2M1 codes (four) at a time, with the
  * input copy permuted to the order they leave the elements in
- * (q3_mx_prep_lanes with 4 lanes). Rows of other lengths (MXFP8: K % 64 !=
+ * (q3_mx_prep_copy with 4 lanes). Rows of other lengths (MXFP8: K % 64 !=
  * 0, MXFP4: K % 128 != 0) take the AVX2 kernel and its copy.
  *
  * E4M3: byte b moved to the top of a 16-bit word, shifted right 4
@@ -31,7 +31,7 @@ void q3_avx512_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
         q3_avx2_mx_prep(xbv, x, K, wt);
         return;
     }
-    q3_mx_prep_lanes(xbv, x, K, wt, 4);
+    q3_mx_prep_copy(xbv, x, K, wt, 4);
 }
 
 /* bf16 words -> fp32, each word the top half of a dword. */
@@ -130,7 +130,7 @@ typedef struct {
 static mx_rows mx_rows_of(const q3_mat *W) {
     const int K = W->cols, nb = K / 32;
     const size_t eb = W->dtype == Q3_MXFP4 ? (size_t)K / 2 : (size_t)K;
-    mx_rows m = {W->data, W->scales, eb, q3_pf_weights(eb), q3_pf_scales((size_t)nb), nb, q3_mx_scale_table(W->dtype), {0}, {0}};
+    mx_rows m = {W->data, W->scales, eb, q3_pf_weights(eb), q3_pf_scales((size_t)nb), nb, q3_mx_copy_scale_table(W->dtype), {0}, {0}};
     fp4_luts(&m.lut_hi, &m.lut_lo);
     return m;
 }

@@ -182,7 +182,7 @@ void q3_avx512bf16_gemm_bf16(float *out, size_t ldo, const uint32_t *ap, int T, 
  * (n % 8 == 0; MXINT8: k0 and n multiples of 32). */
 void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);
 /* gemm_bc_avx2.c: as gemm_bc_avx512.c, TP = T rounded up to 8; for MX
- * weights ap's k order is gemv_mx_avx2.c's (q3_avx2_mx_prep). */
+ * weights ap's k order is gemv_mx_avx2.c's (q3_mx_prep_lanes, 2 lanes). */
 void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
 void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
 /* gemv_i8_avx2.c */
@@ -199,10 +199,10 @@ void q3_i8_decode_row_int8(const q3_mat *W, int r, int8_t *wq, int32_t *wsum, fl
 void q3_avx2_i8_pack_act(uint32_t *ap, float *fs, const float *x, size_t ldx, int T, int K);
 void q3_avx2_gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs, int T, const q3_mat *W, int r0, int r1,
                      void *wbuf);
-/* gemv_mx_avx2.c */
+/* gemv_mx_avx2.c: the GEMV's input copy (q3_mx_prep_copy, 2 lanes) */
 void q3_avx2_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
 void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);
-/* Row r of MX matrix W, block scales applied, in q3_avx2_mx_prep's order. */
+/* Row r of MX matrix W, block scales applied, in q3_mx_prep_lanes' 2-lane order. */
 void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
@@ -218,9 +218,23 @@ void q3_avx512_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
 static inline int q3_mx_wide_fits(q3_dtype wt, int K) {
     return wt == Q3_MXFP8 ? K % 64 == 0 : wt == Q3_MXFP4 && K % 128 == 0;
 }
-/* The MX GEMVs' input copy for vectors of `lanes` 128-bit lanes
- * (gemv_mx_avx2.c: 2; gemv_mx_avx512.c: 4). */
+/* The MX decoders' input order for vectors of `lanes` 128-bit lanes
+ * (gemv_mx_avx2.c: 2; gemv_mx_avx512.c: 4): x permuted, exactly. */
 void q3_mx_prep_lanes(float *xb, const float *x, int K, q3_dtype wt, int lanes);
+/* The MX GEMVs' input copy (a8_prep of the AVX2 and AVX-512 tables): in
+ * that order, and for MXFP8 weights times 2^Q3_FP8_COPY_EXP. Why: the E4M3
+ * decoders leave each element times 2^-120, so its products with ordinary
+ * inputs (below 2^-6) fell under 2^-126, and on Intel every FMA that
+ * rounds to a subnormal takes a microcode assist: W8A8 decode ran 58.7
+ * against 42.7 ms/token with subnormals flushed (the Xeon of
+ * BENCHMARKS.md). The factor keeps the products normal down to |element x
+ * input| of 2^-54, is exact (a power of two) for inputs below 2^80, and
+ * the GEMVs' scale table (q3_mx_copy_scale_table) takes it back. */
+enum { Q3_FP8_COPY_EXP = 48 };
+void q3_mx_prep_copy(float *xb, const float *x, int K, q3_dtype wt, int lanes);
+/* The block factors for the GEMVs' copies: q3_mx_scale_table(t), times
+ * 2^-Q3_FP8_COPY_EXP for MXFP8. */
+const float *q3_mx_copy_scale_table(q3_dtype t);
 /* gemv_mx_avx2.c's E2M1 lookup tables: the high (hi) or low byte of twice
  * each of the 16 values as bf16, twice over (32 bytes). */
 const uint8_t *q3_avx2_fp4_bf16_bytes(int hi);

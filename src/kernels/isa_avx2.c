@@ -64,12 +64,13 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
 /* ---- MX weights: elements decoded arithmetically, one scale per 32. ---- */
 
 /* 2^(code-127) times the factor the element decoders leave out. */
-static float g_fp8_scale[256], g_fp4_scale[256], g_int8_scale[256];
+static float g_fp8_scale[256], g_fp4_scale[256], g_int8_scale[256], g_fp8_copy_scale[256];
 static pthread_once_t g_mx_once = PTHREAD_ONCE_INIT;
 
 static void mx_tables(void) {
     for (int c = 0; c < 256; c++) {
         g_fp8_scale[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 + 120); /* e4m3x8 returns value * 2^-120 */
+        g_fp8_copy_scale[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 + 120 - Q3_FP8_COPY_EXP);
         g_fp4_scale[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 - 1);   /* e2m1 codes decode to 2 * value */
         g_int8_scale[c] = c == 255 ? NAN : ldexpf(1.0f, c - 127 - 6);  /* int8 codes are 64 * value */
     }
@@ -111,6 +112,11 @@ INLINE void e2m1x32(const uint8_t *p, __m256 out[4]) {
 const float *q3_mx_scale_table(q3_dtype t) {
     pthread_once(&g_mx_once, mx_tables);
     return t == Q3_MXFP4 ? g_fp4_scale : t == Q3_MXINT8 ? g_int8_scale : g_fp8_scale;
+}
+
+const float *q3_mx_copy_scale_table(q3_dtype t) {
+    pthread_once(&g_mx_once, mx_tables);
+    return t == Q3_MXFP8 ? g_fp8_copy_scale : q3_mx_scale_table(t);
 }
 
 INLINE void mx_block(const uint8_t *el, int b, q3_dtype t, __m256 e[4]) {

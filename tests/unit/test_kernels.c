@@ -158,7 +158,9 @@ static void test_matmul(void) {
  * extremes 1: rows of tiny (scale code 0) and zero blocks, which the A8
  * GEMM hands back to the fp32 kernels; 2 (MXINT8 weights): only the codes
  * of largest magnitude (0x80 = -2, 0x81, 0x7F) against inputs at +-127/64,
- * the integer GEMV's limits. */
+ * the integer GEMV's limits; 3: inputs of about 2^-32, whose products with
+ * E4M3 elements decoded as value * 2^-120 were fp32 subnormals, with a
+ * fraction of the precision. */
 static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extremes) {
     const size_t eb = q3_mx_elem_bytes(dt, (size_t)K);
     uint8_t *el = malloc((size_t)M * eb), *sc = malloc((size_t)M * K / 32);
@@ -175,7 +177,8 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
         q3_mx_dequantize_row(dt, sc + (size_t)r * K / 32, el + (size_t)r * eb, (size_t)K, wf + (size_t)r * K);
     }
     for (int i = 0; i < T * K; i++)
-        x[i] = extremes == 2 ? (i % 3 ? -127.0f / 64 : 127.0f / 64) : frand() * (i % 97 == 0 ? 300.0f : 1.0f);
+        x[i] = extremes == 2 ? (i % 3 ? -127.0f / 64 : 127.0f / 64)
+                             : frand() * (i % 97 == 0 ? 300.0f : 1.0f) * (extremes == 3 ? 0x1p-32f : 1.0f);
     /* Input blocks of zeros and of fp32-subnormal size (the smallest shared
      * exponents), as well as ordinary ones. */
     for (int b = 0; extremes == 1 && b < T * K / 32; b++)
@@ -371,6 +374,11 @@ static void test_mx_matmul(void) {
     /* The integer GEMV's limits: |weight| 128 (code 0x80) against |input| 127. */
     check_mx_a8(Q3_MXINT8, 1, 40, 256, Q3_MXINT8, 2);
     check_mx_a8(Q3_MXINT8, 3, 40, 256, Q3_MXINT8, 2);
+    /* Tiny inputs against MXFP8 weights: the GEMV, the tokens GEMV, the broadcast GEMM. */
+    for (int i = 0; i < 3; i++) {
+        check_mx_a8(Q3_MXFP8, (int[]){1, 4, 20}[i], 40, 256, Q3_F32, 3);
+        check_mx_a8(Q3_MXFP8, (int[]){1, 4, 20}[i], 40, 256, Q3_MXFP8, 3);
+    }
 }
 
 /* A strided view (a transposed matrix) gives the same products as the contiguous one. */
