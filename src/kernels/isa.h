@@ -122,8 +122,7 @@ typedef struct {
      * MXINT8 inputs, one gemv_i8 per token (below the integer GEMM's
      * fewest tokens). tokens_t: where gemv_a8_tokens / gemv_i8_tokens take
      * the weights, products of up to this many tokens run as one pass of
-     * those instead (and not in the integer GEMM); MXFP8 weights only up
-     * to mx_gemv_t. */
+     * those instead (and not in the integer GEMM). */
     int mx_gemv_t, i8_gemv_t, tokens_t;
     void (*gemm_bc)(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
     /* Integer GEMV for MXINT8 inputs (W->ai8) against MXINT8 or MXFP4

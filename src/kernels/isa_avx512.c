@@ -435,7 +435,7 @@ const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = mi
      * kernel_bench mx 1536 2048 20 T, Intel Xeon, GFLOP/s: MXFP4 A8 T = 2 33 -> 69, T = 4 30 -> 55, but
      * T = 6 65 -> 53; MXINT8 inputs (VNNI GEMV) T = 2 33 -> 194, T = 4 30 -> 150, T = 6 64 -> 144. */
     .mx_gemv_t = 4, .i8_gemv_t = 8,
-    /* MXFP4 rows decoded once for up to 12 tokens (gemv_a8_tokens with AVX512BW, gemv_i8_tokens with
+    /* MX rows decoded once for up to 12 tokens (gemv_a8_tokens with AVX512BW, gemv_i8_tokens with
      * VNNI), rather than once per token, in the broadcast GEMM's padded lanes or in the integer GEMM:
      * kernel_bench mx 1536 2048 20 T, GFLOP/s: MXINT8 inputs T = 4 197 -> 306, 8 174 -> 319, 10 214 ->
      * 301, 12 252 -> 296, but 14 291 -> 256; MXFP8 inputs T = 2 86 -> 118, 4 85 -> 134, 6 82 -> 125,

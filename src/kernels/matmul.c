@@ -299,9 +299,9 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
     if (jb->T == 1) TAKE(g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr));
     if (jb->T <= Q3_LANE_TOKENS && bf16_shape_ok(W)) TAKE(run_gemm_bf16(jb, r0, nr));
     if (gemm_i8_ok(jb)) TAKE(run_gemm_i8(jb, r0, nr));
-    /* The tokens GEMV takes MXFP4 products up to tokens_t; MXFP8 ones only as far as the per-token
-     * GEMVs go (past that, in the model, the broadcast GEMM was faster: BENCHMARKS.md). */
-    const int most = W->dtype == Q3_MXFP4 && tokens_ok(W, i8) ? g_k->tokens_t : i8 ? g_k->i8_gemv_t : g_k->mx_gemv_t;
+    /* The tokens GEMV takes products up to tokens_t (MXFP8 ones had run slower there in the model
+     * than in the broadcast GEMM while their products were subnormals: q3_mx_prep_copy). */
+    const int most = tokens_ok(W, i8) ? g_k->tokens_t : i8 ? g_k->i8_gemv_t : g_k->mx_gemv_t;
     if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && (i8 || gemv_mx_ok(W)))
         TAKE(run_gemv_mx_tokens(jb, r0, nr, i8));
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&

@@ -237,7 +237,7 @@ static void test_mx_tokens_match_gemv(void) {
                 /* Past the per-token GEMVs (and below the integer GEMM's 7 tokens), only the one-pass kernels promise equality. */
                 const q3_isa_kernels *kt = q3_kernels_table();
                 const int i8 = acts[ai] == Q3_MXINT8, one_pass = i8 ? kt->gemv_i8_tokens != NULL : kt->gemv_a8_tokens != NULL;
-                int tmax = one_pass && wt == Q3_MXFP4 ? kt->tokens_t : i8 ? (kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6) : kt->mx_gemv_t;
+                int tmax = one_pass ? kt->tokens_t : i8 ? (kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6) : kt->mx_gemv_t;
                 if (kt->gemm_a8) tmax = 1; /* AVX-512 BF16: its A8 GEMM takes every product of 2 or more tokens first */
                 for (int T = 2; T <= TMAX && T <= tmax; T++) {
                     q3_matmul(ot, x, T, &W);
