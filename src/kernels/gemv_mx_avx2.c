@@ -1,11 +1,11 @@
 /* AVX2 GEMV for MX weights (MXFP8 / MXFP4 elements, E8M0 block scales)
- * against fp32 inputs: the decode path of every MX linear on CPUs without
- * AVX-512 BF16.
+ * against fp32 inputs: the decode path of MX linears (on CPUs with
+ * AVX-512 BF16, of the weight-only ones).
  *
  * Why a separate input copy: the cheapest AVX2 decoders of 32 codes into
  * four vectors of fp32 leave the elements in an unpack-friendly order, not
  * the stored one. Reordering the input to match costs one pass over K
- * floats per matmul pass (a8_prep, cached per thread), instead of shuffles
+ * floats per matmul pass (mx_prep, cached per thread), instead of shuffles
  * on every weight. The copy is a permutation, so it is exact for any input:
  * weight-only MX linears use it as well as A8 ones.
  *

@@ -210,8 +210,8 @@ void q3_avx512_mx_row_slots(const q3_mat *W, int r, int k0, int n, float *dst) {
 }
 
 void q3_avx512bw_mx_kernels(q3_isa_kernels *k) {
-    k->a8_prep = q3_avx512_mx_prep;
-    k->gemv_a8 = q3_avx512_gemv_mx;
-    k->gemv_a8_tokens = q3_avx512_gemv_mx_tokens;
+    k->mx_prep = q3_avx512_mx_prep;
+    k->gemv_mx = q3_avx512_gemv_mx;
+    k->gemv_mx_tokens = q3_avx512_gemv_mx_tokens;
 }
 #pragma GCC pop_options

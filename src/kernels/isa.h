@@ -72,21 +72,24 @@ typedef struct {
     int (*mx8_fake_quant)(const float *x, size_t n, float *y);
     int (*mxi8_fake_quant)(const float *x, size_t n, float *y);
     void (*swiglu)(float *out, const float *gate, const float *up, int n);
-    /* MX GEMV on a prepared input (MX weights, cols % 64 == 0 for MXFP8,
-     * % 128 for MXFP4; NULL: not available): a8_prep writes x[0..K) in the
-     * format and order gemv_a8 reads for weights of dtype wt, at most 4 * K
-     * bytes; gemv_a8 is gemv on that copy. On AVX-512 BF16 the copy is
-     * bf16, exact only for MXFP8 inputs (W->a8); where a8_prep_any is set
-     * it is an fp32 permutation, exact for any input, and serves
-     * weight-only MX linears too. */
-    int a8_prep_any;
+    /* MX GEMV on a prepared input (MXFP8 / MXFP4 weights, cols % 64 == 0
+     * for MXFP8, % 128 for MXFP4; NULL: not available): mx_prep writes
+     * x[0..K) in the order gemv_mx reads for weights of dtype wt (an fp32
+     * permutation, scaled by a power of two, at most 4 * K bytes: exact
+     * for any input); gemv_mx is gemv on that copy. */
+    void (*mx_prep)(void *xb, const float *x, int K, q3_dtype wt);
+    void (*gemv_mx)(float *out, const void *xb, const q3_mat *W, int r0, int r1);
+    /* gemv_mx for T tokens in one pass over the MXFP4 / MXFP8 weights
+     * q3_mx_wide_fits takes (NULL: one gemv_mx per token): the T copies
+     * mx_prep wrote at xb, xs bytes apart; out[t * ldo + r - r0], each bit
+     * for bit gemv_mx's. */
+    void (*gemv_mx_tokens)(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
+    /* The same GEMV for A8 linears (W->a8: MXFP8 or MXINT8 inputs) where
+     * the table has a faster one for them (NULL: gemv_mx serves them too):
+     * on AVX-512 BF16 a8_prep writes the input as bf16, exact only for such
+     * inputs. */
     void (*a8_prep)(void *xb, const float *x, int K, q3_dtype wt);
     void (*gemv_a8)(float *out, const void *xb, const q3_mat *W, int r0, int r1);
-    /* gemv_a8 for T tokens in one pass over the MXFP4 / MXFP8 weights
-     * q3_mx_wide_fits takes (NULL: one gemv_a8 per token): the T copies
-     * a8_prep wrote at xb, xs bytes apart; out[t * ldo + r - r0], each bit
-     * for bit gemv_a8's. */
-    void (*gemv_a8_tokens)(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
     /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (K <= Q3_LANE_KMAX):
      * a8_pack_act writes the T input rows as bf16 pairs in gemv_a8's
      * element order, at most K/2 * TP words (TP = T rounded up to 16): a
@@ -116,11 +119,11 @@ typedef struct {
     /* Most tokens gemm_bc takes (<= Q3_BC_TOKENS_MAX; 0: Q3_LANE_TOKENS);
      * fewest it takes for plain dtypes (fewer go to gemm_small). */
     int bc_max_t, bc_min_t;
-    /* MX products of at most this many tokens run as one gemv_a8 per
-     * token (where gemv_a8 takes the weights): decoding a row once per
+    /* MX products of at most this many tokens run as one GEMV per token
+     * (gemv_a8 or gemv_mx, where it takes the weights): decoding a row once per
      * token beats the GEMMs' lanes left empty. i8_gemv_t: the same with
      * MXINT8 inputs, one gemv_i8 per token (below the integer GEMM's
-     * fewest tokens). tokens_t: where gemv_a8_tokens / gemv_i8_tokens take
+     * fewest tokens). tokens_t: where gemv_mx_tokens / gemv_i8_tokens take
      * the weights, products of up to this many tokens run as one pass of
      * those instead (and not in the integer GEMM). */
     int mx_gemv_t, i8_gemv_t, tokens_t;
@@ -150,14 +153,6 @@ typedef struct {
     void (*gemm_i8)(float *out, size_t ldo, const uint32_t *ap, const float *fs, int T, const q3_mat *W, int r0, int r1,
                     void *wbuf);
     int gemm_i8_int8;
-    /* The same product for BF16 weights (even row stride) by bf16 dot
-     * products, each input split into two bf16 parts (NULL: not available):
-     * bf16_pack_act writes at most K * TP words (TP = T rounded up to 16):
-     * a lane panel ap[K/2][2][16 * vectors] (hi pairs, then lo pairs) and
-     * rows for the tokens left over (lane_rem.h); row: scratch of K words.
-     * gemm_bf16 reads the weight rows as stored. */
-    void (*bf16_pack_act)(uint32_t *ap, const float *x, size_t ldx, int T, int K, uint32_t *row);
-    void (*gemm_bf16)(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1);
 } q3_isa_kernels;
 
 /* E8M0 scale code -> the fp32 factor the SIMD element decoders expect
@@ -174,9 +169,6 @@ extern const q3_isa_kernels q3_kernels_avx512;
 /* gemm_bc_avx512.c */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
-/* gemm_bf16_avx512bf16.c */
-void q3_avx512bf16_bf16_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, uint32_t *row);
-void q3_avx512bf16_gemm_bf16(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1);
 /* isa_avx2.c: W[r, k0 .. k0+n) of a plain-dtype or MXINT8 W widened to fp32
  * (n % 8 == 0; MXINT8: k0 and n multiples of 32). */
 void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);

@@ -132,7 +132,11 @@ static void gemv_mx(float *out, const float *x, const q3_mat *W, int r0, int r1)
     pthread_once(&g_mx_once, mx_tables);
     const int K = W->cols, nb = K / 32;
     const q3_dtype t = W->dtype;
-    const float *stab = q3_mx_scale_table(t);
+    /* E4M3 elements times 2^(Q3_FP8_COPY_EXP - 120), not 2^-120: products
+     * with small inputs stay normal fp32 (q3_mx_prep_copy). */
+    const int fp8 = t == Q3_MXFP8;
+    const __m256 lift = _mm256_set1_ps(ldexpf(1.0f, Q3_FP8_COPY_EXP));
+    const float *stab = q3_mx_copy_scale_table(t);
     const size_t row_bytes = q3_mx_elem_bytes(t, (size_t)K);
     for (int r = r0; r < r1; r++) {
         const uint8_t *el = (const uint8_t *)W->data + (size_t)r * row_bytes, *sc = W->scales + (size_t)r * nb;
@@ -141,6 +145,8 @@ static void gemv_mx(float *out, const float *x, const q3_mat *W, int r0, int r1)
             const float *xb = x + b * 32;
             __m256 e[4];
             mx_block(el, b, t, e);
+            if (fp8)
+                for (int i = 0; i < 4; i++) e[i] = _mm256_mul_ps(e[i], lift);
             __m256 s0 = _mm256_mul_ps(e[0], _mm256_loadu_ps(xb)), s1 = _mm256_mul_ps(e[1], _mm256_loadu_ps(xb + 8));
             s0 = _mm256_fmadd_ps(e[2], _mm256_loadu_ps(xb + 16), s0);
             s1 = _mm256_fmadd_ps(e[3], _mm256_loadu_ps(xb + 24), s1);
@@ -707,8 +713,8 @@ static void swiglu(float *out, const float *gate, const float *up, int n) {
 
 const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
-    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .mxi8_fake_quant = mxi8_fake_quant, .swiglu = swiglu, .a8_prep_any = 1,
-    .a8_prep = q3_avx2_mx_prep, .gemv_a8 = q3_avx2_gemv_mx, .bc_pack_act = q3_avx2_bc_pack_act,
+    .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .mxi8_fake_quant = mxi8_fake_quant, .swiglu = swiglu,
+    .mx_prep = q3_avx2_mx_prep, .gemv_mx = q3_avx2_gemv_mx, .bc_pack_act = q3_avx2_bc_pack_act,
     .gemm_bc = q3_avx2_gemm_bc, .bc_mx = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
     .bc_min_t = 13, .mx_gemv_t = 8, .i8_gemv_t = 8, /* kernel_bench: the crossovers at 8192x2048 */
     .i8_prep = q3_avx2_i8_prep, .gemv_i8 = q3_avx2_gemv_i8, .i8_pack_act = q3_avx2_i8_pack_act,

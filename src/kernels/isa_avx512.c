@@ -435,7 +435,7 @@ const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = mi
      * kernel_bench mx 1536 2048 20 T, Intel Xeon, GFLOP/s: MXFP4 A8 T = 2 33 -> 69, T = 4 30 -> 55, but
      * T = 6 65 -> 53; MXINT8 inputs (VNNI GEMV) T = 2 33 -> 194, T = 4 30 -> 150, T = 6 64 -> 144. */
     .mx_gemv_t = 4, .i8_gemv_t = 8,
-    /* MX rows decoded once for up to 12 tokens (gemv_a8_tokens with AVX512BW, gemv_i8_tokens with
+    /* MX rows decoded once for up to 12 tokens (gemv_mx_tokens with AVX512BW, gemv_i8_tokens with
      * VNNI), rather than once per token, in the broadcast GEMM's padded lanes or in the integer GEMM:
      * kernel_bench mx 1536 2048 20 T, GFLOP/s: MXINT8 inputs T = 4 197 -> 306, 8 174 -> 319, 10 214 ->
      * 301, 12 252 -> 296, but 14 291 -> 256; MXFP8 inputs T = 2 86 -> 118, 4 85 -> 134, 6 82 -> 125,
@@ -444,7 +444,7 @@ const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = mi
     /* MX GEMV on a prepared input: AVX2's shift/mask decoders (kernel_bench mx 768 2048, one thread, Intel
      * Xeon: MXFP8 17.2 against 10.5-12.3 G elements/s for gemv_mx here, MXFP4 17.4 against 16.1); for
      * MXFP8, the same decoder in 512 bits where the CPU has AVX512BW (gemv_mx_avx512.c, 21.9). */
-    .a8_prep_any = 1, .a8_prep = q3_avx2_mx_prep, .gemv_a8 = q3_avx2_gemv_mx,
+    .mx_prep = q3_avx2_mx_prep, .gemv_mx = q3_avx2_gemv_mx,
     /* MXINT8 inputs: AVX2's integer GEMV (256-bit; memory-bound on the Intel Xeon measured) and GEMM
      * (replaced by the VNNI one where the CPU has it). */
     .i8_prep = q3_avx2_i8_prep, .gemv_i8 = q3_avx2_gemv_i8, .i8_pack_act = q3_avx2_i8_pack_act, .gemm_i8 = q3_avx2_gemm_i8};

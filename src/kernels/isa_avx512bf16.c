@@ -335,7 +335,7 @@ static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_m
         if (TB == 1) tile8(st, ts, ap, K, wbuf, 1);
         else if (TB == 2) tile8(st, ts, ap, K, wbuf, 2);
         else if (TB == 3) tile8(st, ts, ap, K, wbuf, 3);
-        for (int r = 0; r < 8; r += 4) q3_rem_dots(st + (size_t)r * ts + 16 * TB, ts, xr, rem, np, rows + r, 1);
+        for (int r = 0; r < 8; r += 4) q3_rem_dots(st + (size_t)r * ts + 16 * TB, ts, xr, rem, np, rows + r);
         if (at + 8 == Q3_STAGE_ROWS || rg + 8 >= r1) /* a full stage, or the last rows */
             q3_lane_store(out + (rg - r0 - at), ldo, stage, ts, T, at + R);
     }
@@ -345,12 +345,7 @@ static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_m
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k) {
     k->a8_prep = a8_prep;
     k->gemv_a8 = gemv_a8;
-    k->gemv_a8_tokens = NULL; /* (the AVX512BW one reads fp32 copies, not these) */
-    k->a8_prep_any = 0; /* its bf16 copy is exact for MXFP8 inputs only */
     k->a8_pack_act = a8_pack_act;
     k->gemm_a8 = gemm_a8;
-    k->bf16_pack_act = q3_avx512bf16_bf16_pack_act;
-    k->gemm_bf16 = q3_avx512bf16_gemm_bf16;
-    k->bc_max_t = 0; /* lane passes of Q3_LANE_TOKENS, what the bf16 kernels take */
 }
 #pragma GCC pop_options

@@ -106,7 +106,7 @@ void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc) {
  * plain fp32 GEMV). */
 enum { A8_KMAX = 32768 };
 
-/* The float MX kernels (gemv_a8, gemm_a8): MXFP8 / MXFP4 weights. */
+/* The float MX kernels (gemv_mx, gemv_a8, gemm_a8): MXFP8 / MXFP4 weights. */
 static int mx_shape_ok(const q3_mat *W, int kmax) {
     return q3_dtype_is_mxfp(W->dtype) && W->cs <= 1 && W->cols % (W->dtype == Q3_MXFP4 ? 128 : 64) == 0 && W->cols <= kmax;
 }
@@ -117,43 +117,50 @@ static int gemv_i8_ok(const q3_mat *W) {
            W->cols <= A8_KMAX;
 }
 
-/* The prepared input copy and the GEMV on it: the integer kernels' (i8)
- * or the float MX ones'. */
-static void prep_input(int i8, void *xc, const float *x, const q3_mat *W) {
-    if (i8) g_k->i8_prep(xc, x, W->cols, W->dtype);
-    else g_k->a8_prep(xc, x, W->cols, W->dtype);
+static int a8_shape_ok(const q3_mat *W, int kmax) { return W->a8 && mx_shape_ok(W, kmax); }
+
+/* The GEMVs on a prepared input copy: none, the float MX one (any input),
+ * the A8 one (MXFP8 / MXINT8 inputs, where the table has one) or the
+ * integer one (MXINT8 inputs). */
+typedef enum { PG_NONE, PG_MX, PG_A8, PG_I8 } prep_gemv;
+
+static prep_gemv prepared_gemv(const q3_mat *W) {
+    if (gemv_i8_ok(W)) return PG_I8;
+    if (g_k->gemv_a8 && a8_shape_ok(W, A8_KMAX)) return PG_A8;
+    return g_k->gemv_mx && mx_shape_ok(W, A8_KMAX) ? PG_MX : PG_NONE;
 }
 
-static void gemv_prepared(int i8, float *out, const void *xc, const q3_mat *W, int r0, int nr) {
-    if (i8) g_k->gemv_i8(out, xc, W, r0, r0 + nr);
-    else g_k->gemv_a8(out, xc, W, r0, r0 + nr);
+static void prep_input(prep_gemv pg, void *xc, const float *x, const q3_mat *W) {
+    if (pg == PG_I8) g_k->i8_prep(xc, x, W->cols, W->dtype);
+    else if (pg == PG_A8) g_k->a8_prep(xc, x, W->cols, W->dtype);
+    else g_k->mx_prep(xc, x, W->cols, W->dtype);
 }
 
-/* MX GEMV on a prepared input: for gemv_a8 a bf16 or reordered fp32 copy,
- * for gemv_i8 (i8) the MXINT8 one; made once per thread and pass, keyed by
- * the weights' dtype and the kernel too (the copy's layout depends on them). */
-static void run_gemv_prepared(const q3_mm_job *jb, int r0, int nr, int i8) {
+static void gemv_prepared(prep_gemv pg, float *out, const void *xc, const q3_mat *W, int r0, int nr) {
+    if (pg == PG_I8) g_k->gemv_i8(out, xc, W, r0, r0 + nr);
+    else if (pg == PG_A8) g_k->gemv_a8(out, xc, W, r0, r0 + nr);
+    else g_k->gemv_mx(out, xc, W, r0, r0 + nr);
+}
+
+/* MX GEMV on a prepared input copy, made once per thread and pass, keyed
+ * by the weights' dtype and the kernel too (the copy's layout depends on
+ * them). */
+static void run_gemv_prepared(const q3_mm_job *jb, int r0, int nr, prep_gemv pg) {
     static _Thread_local float xb[A8_KMAX] __attribute__((aligned(64)));
     static _Thread_local const float *have_x;
     static _Thread_local unsigned long long have_pass;
     static _Thread_local q3_dtype have_dt;
-    static _Thread_local int have_i8;
+    static _Thread_local prep_gemv have_pg;
     const q3_mat *W = jb->W;
-    if (have_x != jb->x || have_pass != g_pass || have_dt != W->dtype || have_i8 != i8) {
-        prep_input(i8, xb, jb->x, W);
-        have_x = jb->x, have_pass = g_pass, have_dt = W->dtype, have_i8 = i8;
+    if (have_x != jb->x || have_pass != g_pass || have_dt != W->dtype || have_pg != pg) {
+        prep_input(pg, xb, jb->x, W);
+        have_x = jb->x, have_pass = g_pass, have_dt = W->dtype, have_pg = pg;
     }
-    gemv_prepared(i8, jb->out + r0, xb, W, r0, nr);
+    gemv_prepared(pg, jb->out + r0, xb, W, r0, nr);
 }
-
-static int a8_shape_ok(const q3_mat *W, int kmax) { return W->a8 && mx_shape_ok(W, kmax); }
 
 /* Most tokens of the per-token MX GEMV path (its input copies). */
 enum { MX_GEMV_TOKENS = 12 };
-
-static int gemv_mx_ok(const q3_mat *W) {
-    return g_k->gemv_a8 && (W->a8 || g_k->a8_prep_any) && mx_shape_ok(W, A8_KMAX);
-}
 
 static int a8_gemm_ok(const q3_mm_job *jb) {
     return jb->T > 1 && jb->T <= Q3_LANE_TOKENS && g_k->gemm_a8 && a8_shape_ok(jb->W, Q3_LANE_KMAX);
@@ -167,12 +174,14 @@ typedef struct {
     const float *x;
     unsigned long long pass;
     q3_dtype dt;
-    int T, ai8; /* the packing may depend on the weights' dtype and the input format */
+    int T, a8, ai8; /* the packing may depend on the weights' dtype and the input format */
 } act_key;
 
 static int act_stale(act_key *k, const q3_mm_job *jb) {
-    if (k->x == jb->x && k->pass == g_pass && k->dt == jb->W->dtype && k->T == jb->T && k->ai8 == jb->W->ai8) return 0;
-    *k = (act_key){jb->x, g_pass, jb->W->dtype, jb->T, jb->W->ai8};
+    const q3_mat *W = jb->W;
+    if (k->x == jb->x && k->pass == g_pass && k->dt == W->dtype && k->T == jb->T && k->a8 == W->a8 && k->ai8 == W->ai8)
+        return 0;
+    *k = (act_key){jb->x, g_pass, W->dtype, jb->T, W->a8, W->ai8};
     return 1;
 }
 
@@ -191,57 +200,43 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
 }
 
 /* The GEMV that decodes MX rows once for several tokens takes W (with
- * MXINT8 inputs, i8: gemv_i8_tokens, MXFP4 weights; else gemv_a8_tokens,
- * MXFP4 and MXFP8 weights). */
-static int tokens_ok(const q3_mat *W, int i8) {
-    return i8 ? g_k->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0
-              : g_k->gemv_a8_tokens && q3_mx_wide_fits(W->dtype, W->cols);
+ * MXINT8 inputs: gemv_i8_tokens, MXFP4 weights; on fp32 copies:
+ * gemv_mx_tokens, MXFP4 and MXFP8 weights). */
+static int tokens_ok(const q3_mat *W, prep_gemv pg) {
+    return pg == PG_I8   ? g_k->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0
+           : pg == PG_MX ? g_k->gemv_mx_tokens && q3_mx_wide_fits(W->dtype, W->cols)
+                         : 0;
 }
 
 /* A few tokens against MX weights: one pass of the tokens GEMV where it
  * takes W, else one GEMV per token (the integer one where it applies), on
  * prepared input copies (made once per thread and pass; copies are at most
  * 4 * K bytes). */
-static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, int i8) {
+static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, prep_gemv pg) {
     static _Thread_local float *xt;
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
     if (!xt) xt = q3_malloc((size_t)MX_GEMV_TOKENS * A8_KMAX * sizeof *xt);
-    const int together = tokens_ok(W, i8);
+    const int together = tokens_ok(W, pg), i8 = pg == PG_I8;
     if (act_stale(&have, jb))
         for (int t = 0; t < jb->T; t++) {
             float *xc = xt + (size_t)t * W->cols;
             if (together && i8) g_k->i8_prep_tokens(xc, jb->x + (size_t)t * jb->ldx, W->cols); /* (not gemv_i8's layout) */
-            else prep_input(i8, xc, jb->x + (size_t)t * jb->ldx, W);
+            else prep_input(pg, xc, jb->x + (size_t)t * jb->ldx, W);
         }
     if (together) {
         const size_t xs = (size_t)W->cols * sizeof *xt;
         if (i8) g_k->gemv_i8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
-        else g_k->gemv_a8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
+        else g_k->gemv_mx_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
         return;
     }
-    for (int t = 0; t < jb->T; t++) gemv_prepared(i8, jb->out + (size_t)t * jb->ldo + r0, xt + (size_t)t * W->cols, W, r0, nr);
+    for (int t = 0; t < jb->T; t++) gemv_prepared(pg, jb->out + (size_t)t * jb->ldo + r0, xt + (size_t)t * W->cols, W, r0, nr);
 }
 
 static int bc_shape_ok(const q3_mat *W) {
     const int mx = q3_dtype_is_mx(W->dtype);
     return g_k->gemm_bc && (!mx || (g_k->bc_mx && W->cols % 64 == 0)) && cs_of(W) == 1 && W->cols % 16 == 0 &&
            W->cols <= Q3_LANE_KMAX;
-}
-
-static int bf16_shape_ok(const q3_mat *W) {
-    return g_k->gemm_bf16 && W->dtype == Q3_BF16 && bc_shape_ok(W) && (W->rs ? W->rs : (size_t)W->cols) % 2 == 0;
-}
-
-static void run_gemm_bf16(const q3_mm_job *jb, int r0, int nr) {
-    static _Thread_local uint32_t *ap, *row;
-    static _Thread_local act_key have;
-    if (!ap) {
-        ap = q3_malloc((size_t)Q3_LANE_TOKENS * Q3_LANE_KMAX * sizeof *ap);
-        row = q3_malloc((size_t)Q3_LANE_KMAX * sizeof *row);
-    }
-    if (act_stale(&have, jb)) g_k->bf16_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, row);
-    g_k->gemm_bf16(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr);
 }
 
 /* The integer GEMM: MXINT8 inputs against MXFP4 weights (the W4A8i
@@ -254,7 +249,7 @@ static int gemm_i8_ok(const q3_mm_job *jb) {
     const q3_mat *W = jb->W;
     return g_k->gemm_i8 && W->ai8 && (W->dtype == Q3_MXFP4 || (W->dtype == Q3_MXINT8 && g_k->gemm_i8_int8)) && W->cs <= 1 &&
            W->cols % 64 == 0 && W->cols <= Q3_LANE_KMAX && jb->T >= I8_GEMM_MIN_T && jb->T <= Q3_BC_TOKENS_MAX &&
-           !(jb->T <= g_k->tokens_t && tokens_ok(W, 1));
+           !(jb->T <= g_k->tokens_t && tokens_ok(W, PG_I8));
 }
 
 static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
@@ -293,17 +288,15 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
         if (run) call;     \
         return 1;          \
     } while (0)
-    const int i8 = gemv_i8_ok(W); /* the integer GEMV applies (one token or a few) */
-    if (jb->T == 1 && (i8 || gemv_mx_ok(W))) TAKE(run_gemv_prepared(jb, r0, nr, i8));
+    const prep_gemv pg = prepared_gemv(W); /* a GEMV on an input copy applies (one token or a few) */
+    if (jb->T == 1 && pg != PG_NONE) TAKE(run_gemv_prepared(jb, r0, nr, pg));
     if (a8_gemm_ok(jb) && (!run || run_gemm_a8(jb, r0, nr))) return 1;
     if (jb->T == 1) TAKE(g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr));
-    if (jb->T <= Q3_LANE_TOKENS && bf16_shape_ok(W)) TAKE(run_gemm_bf16(jb, r0, nr));
     if (gemm_i8_ok(jb)) TAKE(run_gemm_i8(jb, r0, nr));
     /* The tokens GEMV takes products up to tokens_t (MXFP8 ones had run slower there in the model
      * than in the broadcast GEMM while their products were subnormals: q3_mx_prep_copy). */
-    const int most = tokens_ok(W, i8) ? g_k->tokens_t : i8 ? g_k->i8_gemv_t : g_k->mx_gemv_t;
-    if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && (i8 || gemv_mx_ok(W)))
-        TAKE(run_gemv_mx_tokens(jb, r0, nr, i8));
+    const int most = tokens_ok(W, pg) ? g_k->tokens_t : pg == PG_I8 ? g_k->i8_gemv_t : g_k->mx_gemv_t;
+    if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && pg != PG_NONE) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
         (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
         TAKE(run_gemm_bc(jb, r0, nr));
@@ -384,16 +377,17 @@ static void run_chunks(const q3_mm_job *jobs, float *const *tiles, int npanels, 
 
 static void run_pass(const q3_mm_job *jobs, int n);
 
-/* Tokens per lane pass (a multiple of 16) for reductions of K: what
- * gemm_bc takes, as long as the pass's packed activations (4 K bytes per
- * token) fit in 1 MiB, about half a core's L2 on the AVX-512 machine
- * measured, and that is at least two passes of Q3_LANE_TOKENS; else
- * Q3_LANE_TOKENS, which is also all the bf16 kernels take. kernel_bench
+/* Tokens per lane pass (a multiple of 16) for W: what gemm_bc takes, as
+ * long as the pass's packed activations (4 K bytes per token) fit in 1
+ * MiB, about half a core's L2 on the AVX-512 machine measured, and that is
+ * at least two passes of Q3_LANE_TOKENS; else Q3_LANE_TOKENS, which is
+ * also all the A8 GEMM takes. kernel_bench
  * (AVX-512, T = 512), passes of 128 tokens against 48: K = 2048 247-288
  * -> 286-312 GFLOP/s, but K = 4096 259-285 -> 217-220 (2 MiB of
  * activations, out of L2), and as 64-token passes 219-253. */
-static int lane_pass_tokens(int K) {
-    if (!g_k->bc_max_t || g_k->gemm_a8 || g_k->gemm_bf16) return Q3_LANE_TOKENS;
+static int lane_pass_tokens(const q3_mat *W) {
+    const int K = W->cols;
+    if (!g_k->bc_max_t || (g_k->gemm_a8 && a8_shape_ok(W, Q3_LANE_KMAX))) return Q3_LANE_TOKENS;
     const int fit = (int)((1u << 20) / (4u * (unsigned)K)) / 16 * 16;
     return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
 }
@@ -412,7 +406,7 @@ static int run_lane_chunked(const q3_mm_job *jobs, int n) {
     if (n > MAX_JOBS || !g_k->lane_split) return 0;
     for (int j = 0; j < n; j++) {
         if (!(g_k->gemm_a8 && a8_shape_ok(jobs[j].W, Q3_LANE_KMAX)) && !bc_shape_ok(jobs[j].W)) return 0;
-        const int lim = lane_pass_tokens(jobs[j].W->cols), np = (jobs[j].T + lim - 1) / lim;
+        const int lim = lane_pass_tokens(jobs[j].W), np = (jobs[j].T + lim - 1) / lim;
         share[j] = np ? ((jobs[j].T + np - 1) / np + 15) / 16 * 16 : 0; /* <= lim, a multiple of 16 */
         if (np > npass) npass = np;
     }

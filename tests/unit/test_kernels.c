@@ -236,7 +236,7 @@ static void test_mx_tokens_match_gemv(void) {
                 if ((int)q3_kernels_isa() != isa) continue;
                 /* Past the per-token GEMVs (and below the integer GEMM's 7 tokens), only the one-pass kernels promise equality. */
                 const q3_isa_kernels *kt = q3_kernels_table();
-                const int i8 = acts[ai] == Q3_MXINT8, one_pass = i8 ? kt->gemv_i8_tokens != NULL : kt->gemv_a8_tokens != NULL;
+                const int i8 = acts[ai] == Q3_MXINT8, one_pass = i8 ? kt->gemv_i8_tokens != NULL : kt->gemv_mx_tokens && !kt->gemv_a8;
                 int tmax = one_pass ? kt->tokens_t : i8 ? (kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6) : kt->mx_gemv_t;
                 if (kt->gemm_a8) tmax = 1; /* AVX-512 BF16: its A8 GEMM takes every product of 2 or more tokens first */
                 for (int T = 2; T <= TMAX && T <= tmax; T++) {
@@ -375,11 +375,13 @@ static void test_mx_matmul(void) {
     /* The integer GEMV's limits: |weight| 128 (code 0x80) against |input| 127. */
     check_mx_a8(Q3_MXINT8, 1, 40, 256, Q3_MXINT8, 2);
     check_mx_a8(Q3_MXINT8, 3, 40, 256, Q3_MXINT8, 2);
-    /* Tiny inputs against MXFP8 weights: the GEMV, the tokens GEMV, the broadcast GEMM. */
+    /* Tiny inputs against MXFP8 weights: the GEMV, the tokens GEMV, the broadcast GEMM (and on
+     * AVX-512 BF16, the weight-only GEMV and the A8 kernels); rows of 3 blocks take the plain GEMV. */
     for (int i = 0; i < 3; i++) {
         check_mx_a8(Q3_MXFP8, (int[]){1, 4, 20}[i], 40, 256, Q3_F32, 3);
         check_mx_a8(Q3_MXFP8, (int[]){1, 4, 20}[i], 40, 256, Q3_MXFP8, 3);
     }
+    check_mx_a8(Q3_MXFP8, 1, 40, 96, Q3_F32, 3);
 }
 
 /* A strided view (a transposed matrix) gives the same products as the contiguous one. */
