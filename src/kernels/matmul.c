@@ -270,7 +270,7 @@ static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local float *ap, *wbuf;
     static _Thread_local act_key have;
     if (!ap) {
-        ap = q3_malloc(((size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX + 16 * 16) * sizeof *ap);
+        ap = q3_malloc(((size_t)(Q3_BC_TOKENS_MAX + 8) * Q3_LANE_KMAX + 16 * 16) * sizeof *ap);
         wbuf = q3_malloc((size_t)Q3_NR * (Q3_LANE_KMAX + 16) * sizeof *wbuf);
     }
     if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, jb->W->dtype);
