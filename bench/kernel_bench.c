@@ -2,7 +2,7 @@
  * GFLOP/s per ISA. Usage: build/kernel_bench [rows cols tokens reps]
  * MX GEMV (MXFP4 / MXFP8 / MXINT8 weights; fp32, MXFP8 (A8) and MXINT8
  * (A8i) inputs) and a GEMM of
- * `tokens` (default 32, at most 48) per ISA:
+ * `tokens` (default 32, at most 128) per ISA:
  *   build/kernel_bench mx [rows cols reps tokens]
  * Decode MoE passes (8 of E MXFP4 experts per token, gate+up then down;
  * MXFP8 then MXINT8 inputs):
@@ -61,9 +61,9 @@ static double read_time(const void *p, size_t n, int reps) {
 }
 
 static int mx_bench(int M, int K, int reps, int T) {
-    float *row = malloc((size_t)K * 4), *x0 = malloc((size_t)K * 4), *x = malloc((size_t)K * 4), *out = malloc((size_t)M * 4 * 32);
+    if (T < 1 || T > 128) T = 32;
+    float *row = malloc((size_t)K * 4), *x0 = malloc((size_t)K * 4), *x = malloc((size_t)K * 4), *out = malloc((size_t)M * T * 4);
     for (int k = 0; k < K; k++) x0[k] = (float)((k * 40503u) % 1000) / 500.0f - 1.0f;
-    if (T < 1 || T > 48) T = 32;
     float *xs = malloc((size_t)T * K * 4);
     static const char *act_name[] = {"   ", " A8", " A8i"};
     const q3_dtype dts[] = {Q3_MXFP4, Q3_MXFP8, Q3_MXINT8};

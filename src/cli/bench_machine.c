@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "util/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -227,8 +228,11 @@ void bench_measure_fma(bench_fma *out) {
     const int T = omp_get_max_threads();
     int use_fma = 0; /* 1: AVX2 256-bit, 2: AVX-512 */
 #if BENCH_X86
-    use_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (use_fma && __builtin_cpu_supports("avx512f")) use_fma = 2;
+    /* The peak of the vector width the kernels in force use (Q3MOE_ISA=avx2
+     * on an AVX-512 CPU: the 256-bit one), so that % of peak says how close
+     * they come to their own ceiling. */
+    const q3_isa isa = q3_kernels_isa();
+    use_fma = isa >= Q3_ISA_AVX512 ? 2 : isa == Q3_ISA_AVX2;
 #endif
     out->method = use_fma == 2 ? "avx512f 512-bit" : use_fma ? "avx2+fma 256-bit" : "scalar mul+add";
     out->chains = use_fma ? FMA_CHAINS : 8;
