@@ -90,6 +90,7 @@ int q3_map_file(q3_mapped_file *f, const char *path) {
         return q3_err("%s is not a regular file", path);
     }
     f->size = (size_t)st.st_size;
+    f->dev = (unsigned long long)st.st_dev, f->ino = (unsigned long long)st.st_ino;
     if (f->size > 0 && g_hugepages) {
         if (copy_to_huge_pages(f, fd, path)) {
             close(fd);
@@ -165,6 +166,12 @@ static void reread_in_huge_folios(const q3_mapped_file *f) {
     if (f->size < REREAD_MIN || !proc_kb("/proc/meminfo", "FileHugePages: %zu kB")) return;
     const int fd = open(f->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (unsigned long long)st.st_dev != f->dev || (unsigned long long)st.st_ino != f->ino ||
+        (size_t)st.st_size != f->size) { /* the path names another file now (replaced by a rename) */
+        close(fd);
+        return;
+    }
     void *p = mmap((void *)f->data, f->size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
     if (p == MAP_FAILED) { /* the old mapping is still in place */
         close(fd);

@@ -9,6 +9,7 @@ typedef struct {
     const unsigned char *data;
     size_t size;
     size_t anon_len; /* nonzero: data is an anonymous copy of this many bytes (q3_hugepages_set) */
+    unsigned long long dev, ino; /* the file mapped (path may name another one later) */
 } q3_mapped_file;
 
 /* mmap a whole file read-only. On failure returns -1 with q3_err set. */
