@@ -511,3 +511,22 @@ def test_hugepages_left_to_one_process(models, tmp_path):
     _, got, err = run(mpi(2, gen + ["--hugepages", "--moe-ep", "2"]))
     assert json.loads(got.strip()) == json.loads(want.strip())
     assert err.count("--hugepages is for one process; the 2 ranks map the model") == 1, err
+
+
+def test_quant_cache_filled_once_across_ranks(models, tmp_path, monkeypatch):
+    """-m DIR --quant on 2 ranks: rank 0 converts into the cache while the other waits (one
+    conversion, one cached file), the ranks run the cached file as they run the same scheme's
+    .q3m, and a second job says it uses the cache, once."""
+    _, paths = models
+    monkeypatch.setenv("Q3MOE_CACHE_DIR", str(tmp_path / "cache"))
+    q = tmp_path / "w4a8.q3m"
+    run([Q3MOE, "convert", "-m", paths["kv2_mixed"], "-o", q, "--quant", "w4a8"])
+    plan = ["--attn-tp", "2", "--moe-ep", "2"]
+    want, _ = logits(mpi(2, []), q, None, tmp_path / "want.bin", plan)
+    got, err = logits(mpi(2, []), paths["kv2_mixed"], None, tmp_path / "got.bin", plan + ["--quant", "w4a8"])
+    assert np.array_equal(got, want)
+    assert err.count("[q3moe] converting") == 1, err
+    assert len(list((tmp_path / "cache").glob("*.q3m"))) == 1
+    again, err = logits(mpi(2, []), paths["kv2_mixed"], None, tmp_path / "again.bin", plan + ["--quant", "w4a8"])
+    assert np.array_equal(again, want)
+    assert err.count("[q3moe] using cached") == 1 and "converting" not in err, err

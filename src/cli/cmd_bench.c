@@ -308,7 +308,7 @@ int cmd_bench(int argc, char **argv) {
     /* The plan (--config / flags, or the world size under mpirun), checked
      * before any weight is read; -m may come from the YAML's model_path. */
     if (model_dir || po.config || po.world > 1) {
-        int prc = par_setup(&po, "bench", &model_dir, quant);
+        int prc = par_setup(&po, "bench", &model_dir, &quant);
         if (prc) return prc;
     }
     const int multi = po.world > 1, rank0 = po.rank == 0;

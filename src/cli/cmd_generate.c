@@ -89,7 +89,7 @@ int cmd_generate(int argc, char **argv) {
         if (po.rank == 0) fprintf(stderr, "q3moe generate: error: --chat needs a text prompt (-p or -f), not --ids\n");
         return 2;
     }
-    int prc = par_setup(&po, "generate", &co.model_dir, co.quant);
+    int prc = par_setup(&po, "generate", &co.model_dir, &co.quant);
     if (prc) return prc;
     common_opts_finish(&co);
     /* Every rank samples the same token: they need the same seed. */

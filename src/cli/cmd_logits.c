@@ -83,7 +83,7 @@ int cmd_logits(int argc, char **argv) {
         free(ids);
         return 1;
     }
-    int prc = par_setup(&po, "logits", &dir, quant);
+    int prc = par_setup(&po, "logits", &dir, &quant);
     if (prc) {
         free(ids);
         return prc;

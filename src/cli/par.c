@@ -5,6 +5,8 @@
 
 #include "io/q3m.h"
 #include "model/model.h"
+#include "quant/cache.h"
+#include "quant/convert.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -69,7 +71,42 @@ static int probe(const char *path, q3_config *c, int *mx) {
     return q3_model_load_config(c, path);
 }
 
-int par_setup(par_opts *o, const char *cmd, const char **model_path, const char *quant) {
+/* The .q3m that --quant resolved to on several ranks (freed at exit). */
+static char *g_resolved;
+
+static void free_resolved(void) { free(g_resolved); }
+
+/* --quant on several ranks: rank 0 finds or makes the cache file first,
+ * while the others wait, so that they do not all convert into it at once;
+ * then the others take the same file. A rank on another machine, without
+ * rank 0's cache, converts into its own (conversions write a temporary file
+ * and rename it, so ranks sharing that machine only repeat the work). On
+ * success *model_path is the .q3m and *quant NULL. */
+static int resolve_quant_ranked(const par_opts *o, const char **model_path, const char **quant) {
+    char *path = NULL;
+    int ok = o->rank != 0 || q3_resolve_model(*model_path, *quant, &path) == 0;
+    q3_comm_broadcast_bytes(q3_comm_world(), &ok, sizeof ok, 0);
+    if (!ok) {
+        free(path);
+        return o->rank == 0 ? -1 : q3_err("rank 0 could not prepare the --quant %s cache file", *quant);
+    }
+    if (o->rank != 0) {
+        path = q3_cache_path(*model_path, *quant);
+        if (!path || !q3_file_exists(path)) {
+            free(path);
+            path = NULL;
+            if (q3_resolve_model(*model_path, *quant, &path)) q3_comm_abort(q3_errmsg()); /* this rank alone */
+        }
+    }
+    free(g_resolved);
+    if (!g_resolved) atexit(free_resolved);
+    g_resolved = path;
+    *model_path = path;
+    *quant = NULL;
+    return 0;
+}
+
+int par_setup(par_opts *o, const char *cmd, const char **model_path, const char **quant) {
     const int multi = o->world > 1, asked = o->config || o->n_flags;
     if (multi && q3_hugepages_get()) {
         /* Each rank would copy the whole file; ranks map it and touch their slices. */
@@ -87,9 +124,6 @@ int par_setup(par_opts *o, const char *cmd, const char **model_path, const char 
     }
     if (rc == 0 && !*model_path && o->plan.model_path[0]) *model_path = o->plan.model_path;
     if (rc == 0 && !*model_path) rc = q3_err("-m MODEL is required (or model_path in --config FILE)");
-    if (rc == 0 && multi && quant)
-        rc = q3_err("--quant is not supported on several ranks (two ranks would convert into the cache at once): "
-                    "make a .q3m with q3moe convert, or run once on one rank to fill the cache");
     if (rc) {
         if (o->rank == 0) fprintf(stderr, "q3moe %s: error: %s\n", cmd, q3_errmsg());
         return o->config && !*model_path ? 2 : 1;
@@ -102,6 +136,8 @@ int par_setup(par_opts *o, const char *cmd, const char **model_path, const char 
         fprintf(stderr, "q3moe %s: error: %s\n", cmd, q3_errmsg());
         return 1;
     }
+    q3_quant_scheme qs; /* --quant: the plan is checked for the weights the conversion will make */
+    if (*quant && q3_scheme_from_name(*quant, &qs) == 0) mx = q3_dtype_is_mx(qs.ffn) || q3_dtype_is_mx(qs.attn);
     if (q3_plan_validate(&o->plan, o->world, &c, mx)) {
         if (o->rank == 0) fprintf(stderr, "q3moe %s: error: parallel plan: %s\n", cmd, q3_errmsg());
         return 1;
@@ -118,6 +154,10 @@ int par_setup(par_opts *o, const char *cmd, const char **model_path, const char 
                  "replicated tokens (no sequence-parallel prefill): AlltoAll only when set by name; %.150s", why);
     }
     if (o->rank == 0) q3_plan_print(stderr, &o->plan);   /* with the SP note when SP prefill is off */
+    if (multi && *quant && resolve_quant_ranked(o, model_path, quant)) { /* every rank, as rank 0 failed */
+        if (o->rank == 0) fprintf(stderr, "q3moe %s: error: %s\n", cmd, q3_errmsg());
+        return 1;
+    }
     if (multi) q3_prefault_disable();
     return 0;
 }

@@ -30,10 +30,12 @@ void par_opts_help(FILE *f);
  * model's config (*model_path may come from the YAML's model_path when
  * NULL), validate, print the plan on rank 0 when running on several ranks
  * or when a plan was asked for, and switch off prefaulting on several
- * ranks. quant: the --quant value (refused on several ranks). Returns 0,
- * or an exit status after printing the error on rank 0; an error that could
- * differ between ranks takes the whole job down (q3_comm_abort). */
-int par_setup(par_opts *o, const char *cmd, const char **model_path, const char *quant);
+ * ranks. *quant: the --quant value, or NULL; on several ranks it is
+ * resolved here (rank 0 fills the cache first, src/quant/cache.h), leaving
+ * *model_path the cached .q3m and *quant NULL. Returns 0, or an exit status
+ * after printing the error on rank 0; an error that could differ between
+ * ranks takes the whole job down (q3_comm_abort). */
+int par_setup(par_opts *o, const char *cmd, const char **model_path, const char **quant);
 /* Errors after start-up on several ranks: the ranks could disagree, so
  * take the job down with the message; on one rank print it. */
 void par_fail(const par_opts *o, const char *cmd);
