@@ -28,13 +28,15 @@
 enum { KC = 128, TMAX = Q3_BC_TOKENS_MAX };
 
 /* Floats between rows k of ap: TP, and 8 more where TP is a multiple of
- * 128. Rows 512 bytes apart put the 128 rows of k a tile reads into 8 of
- * L1's 64 sets, 16 lines each against 12 ways on the AMD EPYC measured:
+ * 64. Rows 512 bytes apart put the 128 rows of k a tile reads into 8 of
+ * L1's 64 sets, 16 lines each against 12 ways on the Zen 5 measured:
  * kernel_bench 384 2048 T, one thread, ran T = 128 at 71.5 GFLOP/s against
- * 97-98 for T = 96 and 112. */
+ * 97-98 for T = 96 and 112. Rows 256 bytes apart (T = 57-64) give 8 lines
+ * per set, as many as Zen 3's L1 has ways (not measured there; on Zen 5
+ * the padding left T = 64 at 97-100). */
 static int ap_stride(int T) {
     const int TP = (T + 7) & ~7;
-    return TP % 128 ? TP : TP + 8;
+    return TP % 64 ? TP : TP + 8;
 }
 
 void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
