@@ -90,6 +90,12 @@ typedef struct {
      * inputs. */
     void (*a8_prep)(void *xb, const float *x, int K, q3_dtype wt);
     void (*gemv_a8)(float *out, const void *xb, const q3_mat *W, int r0, int r1);
+    /* gemv_a8 for T tokens, one pass over the weights per a8_tokens_t of
+     * them (the T copies a8_prep wrote, xs bytes apart; out[t * ldo + r -
+     * r0], each bit for bit gemv_a8's); where present it takes products of
+     * 2 .. a8_tokens_t tokens before the A8 GEMM. */
+    void (*gemv_a8_tokens)(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
+    int a8_tokens_t;
     /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (K <= Q3_LANE_KMAX):
      * a8_pack_act writes the T input rows as bf16 pairs in gemv_a8's
      * element order, at most K/2 * TP words (TP = T rounded up to 16): a

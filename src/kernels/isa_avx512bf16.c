@@ -32,6 +32,10 @@
  * faster decode of W4A8 with an MXFP8 lm_head). */
 #define INLINE static inline __attribute__((always_inline))
 
+/* Most tokens gemv_a8_tokens takes in one pass (2 accumulators each must
+ * stay in registers beside the decoded step). */
+enum { A8_TOKENS_MAX = 8 };
+
 /* Decode tables: E2M1 code -> bf16 word (32 entries, the 16 codes twice:
  * VPERMW reads 5 index bits), E4M3 magnitude (7 bits) -> bf16 high and low
  * byte; and the activation orders. */
@@ -137,58 +141,76 @@ INLINE __m512 scales16(const uint8_t *sc, int n) {
     return e8m0x16(_mm_maskz_loadu_epi8(n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1), sc));
 }
 
-/* One row of an MX matrix against the bf16 activations. Each step's dot
- * products form two short chains, and the row's tail scales come from a
- * masked load: short rows (an expert's down projection has 6 steps) were
- * bound by latency and by a tail copy through the stack before. */
-INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const uint16_t *xb, __m512i lut, size_t pf) {
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+/* One row of an MX matrix against T bf16 activation copies (xs words
+ * apart), out[t * ldo] for token t: each step's codes are decoded once for
+ * all of them, and per token the operations are the one-token GEMV's in
+ * its order, so each result is bit for bit gemv_a8's. Each step's dot
+ * products form two short chains per token, and the row's tail scales come
+ * from a masked load: short rows (an expert's down projection has 6 steps)
+ * were bound by latency and by a tail copy through the stack before. */
+INLINE void row_fp4(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const uint16_t *xb, size_t xs,
+                    __m512i lut, size_t pf, const int T) {
+    __m512 acc[A8_TOKENS_MAX][2];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b += 16) {
         const __m512 s16 = scales16(sc + b, nb - b);
         const int steps = nb - b < 16 ? (nb - b) / 4 : 4;
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             if (j >= steps) break;
-            const uint16_t *xs = xb + (size_t)(b + 4 * j) * 32;
             const uint8_t *p = el + (size_t)(b + 4 * j) * 16;
             _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
             __m512i w[4];
             fp4x128(p, lut, w);
-            __m512 d0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w[0], (__m512bh)_mm512_loadu_si512(xs));
-            __m512 d1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w[1], (__m512bh)_mm512_loadu_si512(xs + 32));
-            d0 = _mm512_dpbf16_ps(d0, (__m512bh)w[2], (__m512bh)_mm512_loadu_si512(xs + 64));
-            d1 = _mm512_dpbf16_ps(d1, (__m512bh)w[3], (__m512bh)_mm512_loadu_si512(xs + 96));
             const __m512 sj = step_scale(s16, 4, j);
-            acc[0] = _mm512_fmadd_ps(d0, sj, acc[0]);
-            acc[1] = _mm512_fmadd_ps(d1, sj, acc[1]);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const uint16_t *x = xb + (size_t)t * xs + (size_t)(b + 4 * j) * 32;
+                __m512 d0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w[0], (__m512bh)_mm512_loadu_si512(x));
+                __m512 d1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w[1], (__m512bh)_mm512_loadu_si512(x + 32));
+                d0 = _mm512_dpbf16_ps(d0, (__m512bh)w[2], (__m512bh)_mm512_loadu_si512(x + 64));
+                d1 = _mm512_dpbf16_ps(d1, (__m512bh)w[3], (__m512bh)_mm512_loadu_si512(x + 96));
+                acc[t][0] = _mm512_fmadd_ps(d0, sj, acc[t][0]);
+                acc[t][1] = _mm512_fmadd_ps(d1, sj, acc[t][1]);
+            }
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) out[(size_t)t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
-INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, int nb, const uint16_t *xb, const __m512i t8[4], size_t pf) {
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+INLINE void row_fp8(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const uint16_t *xb, size_t xs,
+                    const __m512i t8[4], size_t pf, const int T) {
+    __m512 acc[A8_TOKENS_MAX][2];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b += 16) {
         const __m512 s16 = scales16(sc + b, nb - b);
         const int steps = nb - b < 16 ? (nb - b) / 2 : 8;
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             if (j >= steps) break;
-            const uint16_t *xs = xb + (size_t)(b + 2 * j) * 32;
             const uint8_t *p = el + (size_t)(b + 2 * j) * 32;
             _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
             __m512i w0, w1;
             fp8x64(p, t8, &w0, &w1);
-            __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w0, (__m512bh)_mm512_loadu_si512(xs));
-            d = _mm512_dpbf16_ps(d, (__m512bh)w1, (__m512bh)_mm512_loadu_si512(xs + 32));
-            acc[j & 1] = _mm512_fmadd_ps(d, step_scale(s16, 2, j), acc[j & 1]);
+            const __m512 sj = step_scale(s16, 2, j);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const uint16_t *x = xb + (size_t)t * xs + (size_t)(b + 2 * j) * 32;
+                __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w0, (__m512bh)_mm512_loadu_si512(x));
+                d = _mm512_dpbf16_ps(d, (__m512bh)w1, (__m512bh)_mm512_loadu_si512(x + 32));
+                acc[t][j & 1] = _mm512_fmadd_ps(d, sj, acc[t][j & 1]);
+            }
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) out[(size_t)t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
-static void gemv_a8(float *out, const void *xbv, const q3_mat *W, int r0, int r1) {
-    const uint16_t *xb = xbv;
+/* Rows r0 .. r1 of W against T copies (xs words apart; T constant). */
+INLINE void gemv_a8_t(float *out, size_t ldo, const uint16_t *xb, size_t xs, const q3_mat *W, int r0, int r1, const int T) {
     pthread_once(&g_once, init_tables);
     const int K = W->cols, nb = K / 32;
     const uint8_t *el = W->data, *sc = W->scales;
@@ -198,7 +220,7 @@ static void gemv_a8(float *out, const void *xbv, const q3_mat *W, int r0, int r1
         const __m512i lut = _mm512_loadu_si512(g_fp4_w);
         for (int r = r0; r < r1; r++) {
             _mm_prefetch((const char *)(sc + (size_t)r * nb + spf), _MM_HINT_T0);
-            out[r - r0] = row_fp4(el + r * eb, sc + (size_t)r * nb, nb, xb, lut, pf);
+            row_fp4(out + r - r0, ldo, el + r * eb, sc + (size_t)r * nb, nb, xb, xs, lut, pf, T);
         }
         return;
     }
@@ -206,7 +228,28 @@ static void gemv_a8(float *out, const void *xbv, const q3_mat *W, int r0, int r1
                            _mm512_loadu_si512(g_fp8_lo + 64)};
     for (int r = r0; r < r1; r++) {
         _mm_prefetch((const char *)(sc + (size_t)r * nb + spf), _MM_HINT_T0);
-        out[r - r0] = row_fp8(el + r * eb, sc + (size_t)r * nb, nb, xb, t8, pf);
+        row_fp8(out + r - r0, ldo, el + r * eb, sc + (size_t)r * nb, nb, xb, xs, t8, pf, T);
+    }
+}
+
+static void gemv_a8(float *out, const void *xb, const q3_mat *W, int r0, int r1) { gemv_a8_t(out, 0, xb, 0, W, r0, r1, 1); }
+
+/* Tokens in groups of at most A8_TOKENS_MAX, one pass over the rows each. */
+static void gemv_a8_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1) {
+    const size_t w = xs / sizeof(uint16_t);
+    for (int t0 = 0; t0 < T; t0 += A8_TOKENS_MAX) {
+        float *o = out + (size_t)t0 * ldo;
+        const uint16_t *x = (const uint16_t *)xb + (size_t)t0 * w;
+        switch (T - t0) {
+        case 1: gemv_a8_t(o, ldo, x, w, W, r0, r1, 1); break;
+        case 2: gemv_a8_t(o, ldo, x, w, W, r0, r1, 2); break;
+        case 3: gemv_a8_t(o, ldo, x, w, W, r0, r1, 3); break;
+        case 4: gemv_a8_t(o, ldo, x, w, W, r0, r1, 4); break;
+        case 5: gemv_a8_t(o, ldo, x, w, W, r0, r1, 5); break;
+        case 6: gemv_a8_t(o, ldo, x, w, W, r0, r1, 6); break;
+        case 7: gemv_a8_t(o, ldo, x, w, W, r0, r1, 7); break;
+        default: gemv_a8_t(o, ldo, x, w, W, r0, r1, A8_TOKENS_MAX); break;
+        }
     }
 }
 
@@ -345,6 +388,8 @@ static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_m
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k) {
     k->a8_prep = a8_prep;
     k->gemv_a8 = gemv_a8;
+    k->gemv_a8_tokens = gemv_a8_tokens;
+    k->a8_tokens_t = A8_TOKENS_MAX;
     k->a8_pack_act = a8_pack_act;
     k->gemm_a8 = gemm_a8;
 }

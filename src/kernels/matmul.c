@@ -201,11 +201,12 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
 
 /* The GEMV that decodes MX rows once for several tokens takes W (with
  * MXINT8 inputs: gemv_i8_tokens, MXFP4 weights; on fp32 copies:
- * gemv_mx_tokens, MXFP4 and MXFP8 weights). */
+ * gemv_mx_tokens, MXFP4 and MXFP8 weights; on the A8 copies:
+ * gemv_a8_tokens, the shapes gemv_a8 takes). */
 static int tokens_ok(const q3_mat *W, prep_gemv pg) {
     return pg == PG_I8   ? g_k->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0
            : pg == PG_MX ? g_k->gemv_mx_tokens && q3_mx_wide_fits(W->dtype, W->cols)
-                         : 0;
+                         : pg == PG_A8 && g_k->gemv_a8_tokens;
 }
 
 /* A few tokens against MX weights: one pass of the tokens GEMV where it
@@ -227,6 +228,7 @@ static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, prep_gemv pg
     if (together) {
         const size_t xs = (size_t)W->cols * sizeof *xt;
         if (i8) g_k->gemv_i8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
+        else if (pg == PG_A8) g_k->gemv_a8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
         else g_k->gemv_mx_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
         return;
     }
@@ -290,12 +292,15 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
     } while (0)
     const prep_gemv pg = prepared_gemv(W); /* a GEMV on an input copy applies (one token or a few) */
     if (jb->T == 1 && pg != PG_NONE) TAKE(run_gemv_prepared(jb, r0, nr, pg));
+    if (pg == PG_A8 && jb->T <= g_k->a8_tokens_t && tokens_ok(W, pg)) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
     if (a8_gemm_ok(jb) && (!run || run_gemm_a8(jb, r0, nr))) return 1;
     if (jb->T == 1) TAKE(g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr));
     if (gemm_i8_ok(jb)) TAKE(run_gemm_i8(jb, r0, nr));
     /* The tokens GEMV takes products up to tokens_t (MXFP8 ones had run slower there in the model
      * than in the broadcast GEMM while their products were subnormals: q3_mx_prep_copy). */
-    const int most = tokens_ok(W, pg) ? g_k->tokens_t : pg == PG_I8 ? g_k->i8_gemv_t : g_k->mx_gemv_t;
+    const int most = !tokens_ok(W, pg) ? (pg == PG_I8 ? g_k->i8_gemv_t : g_k->mx_gemv_t)
+                     : pg == PG_A8      ? g_k->a8_tokens_t
+                                        : g_k->tokens_t;
     if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && pg != PG_NONE) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
         (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))

@@ -236,9 +236,13 @@ static void test_mx_tokens_match_gemv(void) {
                 if ((int)q3_kernels_isa() != isa) continue;
                 /* Past the per-token GEMVs (and below the integer GEMM's 7 tokens), only the one-pass kernels promise equality. */
                 const q3_isa_kernels *kt = q3_kernels_table();
-                const int i8 = acts[ai] == Q3_MXINT8, one_pass = i8 ? kt->gemv_i8_tokens != NULL : kt->gemv_mx_tokens && !kt->gemv_a8;
-                int tmax = one_pass ? kt->tokens_t : i8 ? (kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6) : kt->mx_gemv_t;
-                if (kt->gemm_a8) tmax = 1; /* AVX-512 BF16: its A8 GEMM takes every product of 2 or more tokens first */
+                const int i8 = acts[ai] == Q3_MXINT8;
+                int tmax;
+                if (i8) /* AVX-512 BF16: its A8 GEMM takes every product of 2 or more tokens first */
+                    tmax = kt->gemm_a8 ? 1 : kt->gemv_i8_tokens ? kt->tokens_t : kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6;
+                else if (kt->gemv_a8) /* the A8 tokens GEMV, then the A8 GEMM */
+                    tmax = kt->gemv_a8_tokens ? kt->a8_tokens_t : kt->gemm_a8 ? 1 : kt->mx_gemv_t;
+                else tmax = kt->gemv_mx_tokens ? kt->tokens_t : kt->mx_gemv_t;
                 for (int T = 2; T <= TMAX && T <= tmax; T++) {
                     q3_matmul(ot, x, T, &W);
                     int bad = 0;
