@@ -162,8 +162,17 @@ static void run_gemv_prepared(const q3_mm_job *jb, int r0, int nr, prep_gemv pg)
 /* Most tokens of the per-token MX GEMV path (its input copies). */
 enum { MX_GEMV_TOKENS = 12 };
 
+/* The A8 GEMM takes W's products of 2 .. Q3_LANE_TOKENS tokens; but
+ * MXINT8 inputs against MXFP4 weights go to the integer kernels where the
+ * table has them: kernel_bench mx 1536 2048, one thread, on the AMD EPYC
+ * with VNNI and BF16, the integer ones ran 212-409 GFLOP/s at T = 2-48,
+ * the bf16 GEMM 55-330. */
+static int a8_gemm_takes(const q3_mat *W) {
+    return g_k->gemm_a8 && a8_shape_ok(W, Q3_LANE_KMAX) && !(W->ai8 && W->dtype == Q3_MXFP4 && g_k->gemm_i8);
+}
+
 static int a8_gemm_ok(const q3_mm_job *jb) {
-    return jb->T > 1 && jb->T <= Q3_LANE_TOKENS && g_k->gemm_a8 && a8_shape_ok(jb->W, Q3_LANE_KMAX);
+    return jb->T > 1 && jb->T <= Q3_LANE_TOKENS && a8_gemm_takes(jb->W);
 }
 
 /* Tokens-in-lanes GEMMs: the input rows are packed once per thread and
@@ -392,7 +401,7 @@ static void run_pass(const q3_mm_job *jobs, int n);
  * activations, out of L2), and as 64-token passes 219-253. */
 static int lane_pass_tokens(const q3_mat *W) {
     const int K = W->cols;
-    if (!g_k->bc_max_t || (g_k->gemm_a8 && a8_shape_ok(W, Q3_LANE_KMAX))) return Q3_LANE_TOKENS;
+    if (!g_k->bc_max_t || a8_gemm_takes(W)) return Q3_LANE_TOKENS;
     const int fit = (int)((1u << 20) / (4u * (unsigned)K)) / 16 * 16;
     return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
 }
@@ -410,7 +419,7 @@ static int run_lane_chunked(const q3_mm_job *jobs, int n) {
     int npass = 0, share[MAX_JOBS];
     if (n > MAX_JOBS || !g_k->lane_split) return 0;
     for (int j = 0; j < n; j++) {
-        if (!(g_k->gemm_a8 && a8_shape_ok(jobs[j].W, Q3_LANE_KMAX)) && !bc_shape_ok(jobs[j].W)) return 0;
+        if (!a8_gemm_takes(jobs[j].W) && !bc_shape_ok(jobs[j].W)) return 0;
         const int lim = lane_pass_tokens(jobs[j].W), np = (jobs[j].T + lim - 1) / lim;
         share[j] = np ? ((jobs[j].T + np - 1) / np + 15) / 16 * 16 : 0; /* <= lim, a multiple of 16 */
         if (np > npass) npass = np;

@@ -238,8 +238,8 @@ static void test_mx_tokens_match_gemv(void) {
                 const q3_isa_kernels *kt = q3_kernels_table();
                 const int i8 = acts[ai] == Q3_MXINT8;
                 int tmax;
-                if (i8) /* AVX-512 BF16: its A8 GEMM takes every product of 2 or more tokens first */
-                    tmax = kt->gemm_a8 ? 1 : kt->gemv_i8_tokens ? kt->tokens_t : kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6;
+                if (i8) /* (MXFP4 weights: the integer kernels, never the A8 GEMM) */
+                    tmax = kt->gemv_i8_tokens ? kt->tokens_t : kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6;
                 else if (kt->gemv_a8) /* the A8 tokens GEMV, then the A8 GEMM */
                     tmax = kt->gemv_a8_tokens ? kt->a8_tokens_t : kt->gemm_a8 ? 1 : kt->mx_gemv_t;
                 else tmax = kt->gemv_mx_tokens ? kt->tokens_t : kt->mx_gemv_t;
