@@ -123,44 +123,64 @@ INLINE float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* One row: per block (pair of blocks for MXFP4) two short product chains,
- * then the scaled sum into one of two accumulators (their FMA latency
- * overlaps). */
-INLINE float row_fp8(const uint8_t *el, const uint8_t *sc, int nb, const float *xb, size_t pf) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+/* Most tokens per pass of the tokens GEMV (their accumulators beside the
+ * decoded block; past 4 the compiler keeps some in L1). */
+enum { TOKENS_MAX = 8 };
+
+/* One row against T input copies (xs floats apart), out[t * ldo] for
+ * token t: per block (pair of blocks for MXFP4), decoded once, two short
+ * product chains per token, then the scaled sum into one of two
+ * accumulators (their FMA latency overlaps). Per token the operations and
+ * their order do not depend on T, so every token's result is bit for bit
+ * the one-token GEMV's. */
+INLINE void row_fp8(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const float *xb, size_t xs,
+                    size_t pf, const int T) {
+    __m256 acc[TOKENS_MAX][2];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const float *xs = xb + (size_t)b * 32;
         if (b & 1) _mm_prefetch((const char *)el + (size_t)b * 32 + pf, _MM_HINT_T0);
         __m256 f[4];
         fp8x32(el + (size_t)b * 32, f);
-        __m256 d0 = _mm256_mul_ps(f[0], _mm256_load_ps(xs)), d1 = _mm256_mul_ps(f[1], _mm256_load_ps(xs + 8));
-        d0 = _mm256_fmadd_ps(f[2], _mm256_load_ps(xs + 16), d0);
-        d1 = _mm256_fmadd_ps(f[3], _mm256_load_ps(xs + 24), d1);
         const __m256 s = _mm256_broadcast_ss(g_copy8 + sc[b]);
-        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc1);
-        else acc0 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc0);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const float *x = xb + (size_t)t * xs + (size_t)b * 32;
+            __m256 d0 = _mm256_mul_ps(f[0], _mm256_load_ps(x)), d1 = _mm256_mul_ps(f[1], _mm256_load_ps(x + 8));
+            d0 = _mm256_fmadd_ps(f[2], _mm256_load_ps(x + 16), d0);
+            d1 = _mm256_fmadd_ps(f[3], _mm256_load_ps(x + 24), d1);
+            if (b & 1) acc[t][1] = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc[t][1]);
+            else acc[t][0] = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc[t][0]);
+        }
     }
-    return hsum(_mm256_add_ps(acc0, acc1));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) out[(size_t)t * ldo] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
-INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const float *xb, __m256i lut_hi, __m256i lut_lo,
-                     size_t pf) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+INLINE void row_fp4(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const float *xb, size_t xs,
+                    __m256i lut_hi, __m256i lut_lo, size_t pf, const int T) {
+    __m256 acc[TOKENS_MAX][2];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b += 2) {
-        const float *xs = xb + (size_t)b * 32;
         if (b & 2) _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
         __m256 f[8];
         fp4x64(el + (size_t)b * 16, lut_hi, lut_lo, f);
-        __m256 d0 = _mm256_mul_ps(f[0], _mm256_load_ps(xs)), d1 = _mm256_mul_ps(f[1], _mm256_load_ps(xs + 8));
-        for (int v = 2; v < 8; v += 2) {
-            d0 = _mm256_fmadd_ps(f[v], _mm256_load_ps(xs + 8 * v), d0);
-            d1 = _mm256_fmadd_ps(f[v + 1], _mm256_load_ps(xs + 8 * v + 8), d1);
-        }
         const __m256 s = _mm256_set_m128(_mm_broadcast_ss(g_scale4 + sc[b + 1]), _mm_broadcast_ss(g_scale4 + sc[b]));
-        if (b & 2) acc1 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc1);
-        else acc0 = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc0);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const float *x = xb + (size_t)t * xs + (size_t)b * 32;
+            __m256 d0 = _mm256_mul_ps(f[0], _mm256_load_ps(x)), d1 = _mm256_mul_ps(f[1], _mm256_load_ps(x + 8));
+            for (int v = 2; v < 8; v += 2) {
+                d0 = _mm256_fmadd_ps(f[v], _mm256_load_ps(x + 8 * v), d0);
+                d1 = _mm256_fmadd_ps(f[v + 1], _mm256_load_ps(x + 8 * v + 8), d1);
+            }
+            if (b & 2) acc[t][1] = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc[t][1]);
+            else acc[t][0] = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), s, acc[t][0]);
+        }
     }
-    return hsum(_mm256_add_ps(acc0, acc1));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) out[(size_t)t * ldo] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
 void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst) {
@@ -188,9 +208,9 @@ void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst) {
     }
 }
 
-void q3_avx2_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int r1) {
+/* Rows r0 .. r1 against T copies xs floats apart (T constant). */
+INLINE void gemv_t(float *out, size_t ldo, const float *xb, size_t xs, const q3_mat *W, int r0, int r1, const int T) {
     pthread_once(&g_once, init_tables);
-    const float *xb = xbv;
     const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K;
     const uint8_t *el = W->data, *sc = W->scales;
@@ -200,7 +220,28 @@ void q3_avx2_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int r
     for (int r = r0; r < r1; r++) {
         const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
         _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
-        out[r - r0] = fp4 ? row_fp4(e, s, nb, xb, lut_hi, lut_lo, pf) : row_fp8(e, s, nb, xb, pf);
+        if (fp4) row_fp4(out + r - r0, ldo, e, s, nb, xb, xs, lut_hi, lut_lo, pf, T);
+        else row_fp8(out + r - r0, ldo, e, s, nb, xb, xs, pf, T);
+    }
+}
+
+void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1) { gemv_t(out, 0, xb, 0, W, r0, r1, 1); }
+
+void q3_avx2_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1) {
+    const size_t w = xs / sizeof(float);
+    for (int t0 = 0; t0 < T; t0 += TOKENS_MAX) {
+        float *o = out + (size_t)t0 * ldo;
+        const float *x = (const float *)xb + (size_t)t0 * w;
+        switch (T - t0) {
+        case 1: gemv_t(o, ldo, x, w, W, r0, r1, 1); break;
+        case 2: gemv_t(o, ldo, x, w, W, r0, r1, 2); break;
+        case 3: gemv_t(o, ldo, x, w, W, r0, r1, 3); break;
+        case 4: gemv_t(o, ldo, x, w, W, r0, r1, 4); break;
+        case 5: gemv_t(o, ldo, x, w, W, r0, r1, 5); break;
+        case 6: gemv_t(o, ldo, x, w, W, r0, r1, 6); break;
+        case 7: gemv_t(o, ldo, x, w, W, r0, r1, 7); break;
+        default: gemv_t(o, ldo, x, w, W, r0, r1, TOKENS_MAX); break;
+        }
     }
 }
 #pragma GCC pop_options

@@ -199,6 +199,7 @@ void q3_avx2_gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs
 /* gemv_mx_avx2.c: the GEMV's input copy (q3_mx_prep_copy, 2 lanes) */
 void q3_avx2_mx_prep(void *xb, const float *x, int K, q3_dtype wt);
 void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);
+void q3_avx2_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
 /* Row r of MX matrix W, block scales applied, in q3_mx_prep_lanes' 2-lane order. */
 void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
