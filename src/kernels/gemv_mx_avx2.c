@@ -31,6 +31,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "kernels/const_tokens.h"
 #include "kernels/isa.h"
 #include "kernels/prefetch.h"
 #include "quant/mx.h"
@@ -125,7 +126,7 @@ INLINE float hsum(__m256 v) {
 
 /* Most tokens per pass of the tokens GEMV (their accumulators beside the
  * decoded block; past 4 the compiler keeps some in L1). */
-enum { TOKENS_MAX = 8 };
+enum { TOKENS_MAX = Q3_CONST_TOKENS_MAX };
 
 /* One row against T input copies (xs floats apart), out[t * ldo] for
  * token t: per block (pair of blocks for MXFP4), decoded once, two short
@@ -232,16 +233,10 @@ void q3_avx2_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, i
     for (int t0 = 0; t0 < T; t0 += TOKENS_MAX) {
         float *o = out + (size_t)t0 * ldo;
         const float *x = (const float *)xb + (size_t)t0 * w;
-        switch (T - t0) {
-        case 1: gemv_t(o, ldo, x, w, W, r0, r1, 1); break;
-        case 2: gemv_t(o, ldo, x, w, W, r0, r1, 2); break;
-        case 3: gemv_t(o, ldo, x, w, W, r0, r1, 3); break;
-        case 4: gemv_t(o, ldo, x, w, W, r0, r1, 4); break;
-        case 5: gemv_t(o, ldo, x, w, W, r0, r1, 5); break;
-        case 6: gemv_t(o, ldo, x, w, W, r0, r1, 6); break;
-        case 7: gemv_t(o, ldo, x, w, W, r0, r1, 7); break;
-        default: gemv_t(o, ldo, x, w, W, r0, r1, TOKENS_MAX); break;
-        }
+        const int n = T - t0 < TOKENS_MAX ? T - t0 : TOKENS_MAX;
+#define GROUP(N) gemv_t(o, ldo, x, w, W, r0, r1, N)
+        Q3_CONST_TOKENS(n, GROUP);
+#undef GROUP
     }
 }
 #pragma GCC pop_options

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "kernels/const_tokens.h"
 #include "kernels/isa.h"
 #include "kernels/lane_rem.h"
 #include "kernels/lane_store.h"
@@ -34,7 +35,7 @@
 
 /* Most tokens gemv_a8_tokens takes in one pass (2 accumulators each must
  * stay in registers beside the decoded step). */
-enum { A8_TOKENS_MAX = 8 };
+enum { A8_TOKENS_MAX = Q3_CONST_TOKENS_MAX };
 
 /* Decode tables: E2M1 code -> bf16 word (32 entries, the 16 codes twice:
  * VPERMW reads 5 index bits), E4M3 magnitude (7 bits) -> bf16 high and low
@@ -240,16 +241,10 @@ static void gemv_a8_tokens(float *out, size_t ldo, const void *xb, size_t xs, in
     for (int t0 = 0; t0 < T; t0 += A8_TOKENS_MAX) {
         float *o = out + (size_t)t0 * ldo;
         const uint16_t *x = (const uint16_t *)xb + (size_t)t0 * w;
-        switch (T - t0) {
-        case 1: gemv_a8_t(o, ldo, x, w, W, r0, r1, 1); break;
-        case 2: gemv_a8_t(o, ldo, x, w, W, r0, r1, 2); break;
-        case 3: gemv_a8_t(o, ldo, x, w, W, r0, r1, 3); break;
-        case 4: gemv_a8_t(o, ldo, x, w, W, r0, r1, 4); break;
-        case 5: gemv_a8_t(o, ldo, x, w, W, r0, r1, 5); break;
-        case 6: gemv_a8_t(o, ldo, x, w, W, r0, r1, 6); break;
-        case 7: gemv_a8_t(o, ldo, x, w, W, r0, r1, 7); break;
-        default: gemv_a8_t(o, ldo, x, w, W, r0, r1, A8_TOKENS_MAX); break;
-        }
+        const int n = T - t0 < A8_TOKENS_MAX ? T - t0 : A8_TOKENS_MAX;
+#define GROUP(N) gemv_a8_t(o, ldo, x, w, W, r0, r1, N)
+        Q3_CONST_TOKENS(n, GROUP);
+#undef GROUP
     }
 }
 
