@@ -101,26 +101,58 @@ static int cmp_double(const void *a, const void *b) {
 static volatile uint64_t bench_sink_u64;
 static volatile float bench_sink_f32;
 
+void bench_beside_add(bench_beside *b, double v) {
+    if (b->n == 0 || v > b->best) b->best = v;
+    if (b->n == 0 || v < b->worst) b->worst = v;
+    b->n++;
+}
+
+static int read_method(void) {
+#if BENCH_X86
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+/* Whole 256-byte blocks per thread: every slice is 32-byte aligned and a
+ * multiple of the 8 x 32-byte unrolled step. */
+enum { READ_BLOCK = 256 };
+
+double bench_read_pass(const void *p, size_t bytes) {
+    const int T = omp_get_max_threads(), use_avx2 = read_method();
+    const size_t per = bytes / READ_BLOCK / (size_t)T, words_per = per * READ_BLOCK / 8;
+    if (per == 0) return 0;
+    uint64_t sum = 0;
+    const double t0 = now_s();
+#pragma omp parallel num_threads(T) reduction(+ : sum)
+    {
+        const uint64_t *w = (const uint64_t *)p + (size_t)omp_get_thread_num() * words_per;
+#if BENCH_X86
+        if (use_avx2) sum += sum_avx2(w, words_per);
+        else
+#endif
+            sum += sum_scalar(w, words_per);
+    }
+    const double dt = now_s() - t0;
+    bench_sink_u64 += sum;
+    return (double)(per * (size_t)T * READ_BLOCK) / dt / 1e9;
+}
+
 int bench_measure_membw(size_t bytes, int passes, bench_membw *out) {
     memset(out, 0, sizeof *out);
     const int T = omp_get_max_threads();
-    /* Whole 256-byte blocks per thread: every slice is 32-byte aligned and a
-     * multiple of the 8 x 32-byte unrolled step. */
-    const size_t block = 256, blocks = bytes / block, per = blocks / (size_t)T;
+    const size_t per = bytes / READ_BLOCK / (size_t)T;
     if (per == 0) return q3_err("--membw-mb: buffer too small for %d threads", T);
-    bytes = per * (size_t)T * block;
+    bytes = per * (size_t)T * READ_BLOCK;
     void *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED) return q3_err("cannot allocate a %zu MiB buffer for the bandwidth test", bytes >> 20);
 #ifdef MADV_HUGEPAGE
     madvise(buf, bytes, MADV_HUGEPAGE);
 #endif
     uint64_t *w = buf;
-    const size_t words_per = per * block / 8;
-    int use_avx2 = 0;
-#if BENCH_X86
-    use_avx2 = __builtin_cpu_supports("avx2");
-#endif
-    out->method = use_avx2 ? "avx2" : "scalar";
+    const size_t words_per = per * READ_BLOCK / 8;
+    out->method = read_method() ? "avx2" : "scalar";
     /* Touch every page from the thread that will read it (first touch places
      * the page on that thread's NUMA node). */
 #pragma omp parallel num_threads(T)
@@ -129,24 +161,7 @@ int bench_measure_membw(size_t bytes, int passes, bench_membw *out) {
         for (size_t i = 0; i < words_per; i++) p[i] = i;
     }
     double *gbs = q3_malloc((size_t)passes * sizeof *gbs);
-    uint64_t total = 0;
-    for (int pass = 0; pass < passes; pass++) {
-        uint64_t sum = 0;
-        double t0 = now_s();
-#pragma omp parallel num_threads(T) reduction(+ : sum)
-        {
-            const uint64_t *p = w + (size_t)omp_get_thread_num() * words_per;
-#if BENCH_X86
-            if (use_avx2) sum += sum_avx2(p, words_per);
-            else
-#endif
-                sum += sum_scalar(p, words_per);
-        }
-        double dt = now_s() - t0;
-        total += sum;
-        gbs[pass] = bytes / dt / 1e9;
-    }
-    bench_sink_u64 = total;
+    for (int pass = 0; pass < passes; pass++) gbs[pass] = bench_read_pass(buf, bytes);
     qsort(gbs, (size_t)passes, sizeof *gbs, cmp_double);
     out->ran = 1;
     out->bytes = bytes;
@@ -223,30 +238,35 @@ static float fma_scalar(long iters, float seed) {
     return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
 }
 
-void bench_measure_fma(bench_fma *out) {
-    memset(out, 0, sizeof *out);
-    const int T = omp_get_max_threads();
-    int use_fma = 0; /* 1: AVX2 256-bit, 2: AVX-512 */
+/* The FMA loop bench_measure_fma and bench_fma_pass run: its width (the
+ * kernels' own: Q3MOE_ISA=avx2 on an AVX-512 CPU gets the 256-bit one, so
+ * that % of peak says how close they come to their own ceiling) and an
+ * iteration count calibrated on one thread to about 50 ms per run. */
+static struct {
+    int ready, use_fma; /* use_fma 1: AVX2 256-bit, 2: AVX-512 */
+    long iters;
+    double flops_per_iter;
+} g_fma;
+
+static float fma_run(long iters, float seed) {
 #if BENCH_X86
-    /* The peak of the vector width the kernels in force use (Q3MOE_ISA=avx2
-     * on an AVX-512 CPU: the 256-bit one), so that % of peak says how close
-     * they come to their own ceiling. */
-    const q3_isa isa = q3_kernels_isa();
-    use_fma = isa >= Q3_ISA_AVX512 ? 2 : isa == Q3_ISA_AVX2;
+    if (g_fma.use_fma == 2) return fma_avx512(iters, seed);
+    if (g_fma.use_fma) return fma_avx2(iters, seed);
 #endif
-    out->method = use_fma == 2 ? "avx512f 512-bit" : use_fma ? "avx2+fma 256-bit" : "scalar mul+add";
-    out->chains = use_fma ? FMA_CHAINS : 8;
-    const double flops_per_iter = use_fma ? FMA_CHAINS * (use_fma == 2 ? 16 : 8) * 2.0 : 8 * 2.0;
-    /* Calibrate the iteration count on one thread to ~50 ms per run. */
+    return fma_scalar(iters, seed);
+}
+
+static void fma_calibrate(void) {
+    if (g_fma.ready) return;
+#if BENCH_X86
+    const q3_isa isa = q3_kernels_isa();
+    g_fma.use_fma = isa >= Q3_ISA_AVX512 ? 2 : isa == Q3_ISA_AVX2;
+#endif
+    g_fma.flops_per_iter = g_fma.use_fma ? FMA_CHAINS * (g_fma.use_fma == 2 ? 16 : 8) * 2.0 : 8 * 2.0;
     long iters = 1 << 16;
     for (;;) {
         double t0 = now_s();
-#if BENCH_X86
-        if (use_fma == 2) bench_sink_f32 = fma_avx512(iters, 1.0f);
-        else if (use_fma) bench_sink_f32 = fma_avx2(iters, 1.0f);
-        else
-#endif
-            bench_sink_f32 = fma_scalar(iters, 1.0f);
+        bench_sink_f32 = fma_run(iters, 1.0f);
         double dt = now_s() - t0;
         if (dt > 0.02 || iters > (1l << 34)) {
             iters = (long)(iters * (0.05 / (dt > 1e-6 ? dt : 1e-6)));
@@ -255,23 +275,30 @@ void bench_measure_fma(bench_fma *out) {
         }
         iters *= 4;
     }
+    g_fma.iters = iters;
+    g_fma.ready = 1;
+}
+
+double bench_fma_pass(void) {
+    fma_calibrate();
+    const int T = omp_get_max_threads();
+    float sum = 0;
+    const double t0 = now_s();
+#pragma omp parallel num_threads(T) reduction(+ : sum)
+    sum += fma_run(g_fma.iters, 1.0f + (float)omp_get_thread_num());
+    const double dt = now_s() - t0;
+    bench_sink_f32 = sum;
+    return g_fma.flops_per_iter * (double)g_fma.iters * T / dt / 1e9;
+}
+
+void bench_measure_fma(bench_fma *out) {
+    memset(out, 0, sizeof *out);
+    fma_calibrate();
+    out->method = g_fma.use_fma == 2 ? "avx512f 512-bit" : g_fma.use_fma ? "avx2+fma 256-bit" : "scalar mul+add";
+    out->chains = g_fma.use_fma ? FMA_CHAINS : 8;
     double best = 0;
     for (int run = 0; run < 5; run++) {
-        float sum = 0;
-        double t0 = now_s();
-#pragma omp parallel num_threads(T) reduction(+ : sum)
-        {
-            float seed = 1.0f + (float)omp_get_thread_num();
-#if BENCH_X86
-            if (use_fma == 2) sum += fma_avx512(iters, seed);
-            else if (use_fma) sum += fma_avx2(iters, seed);
-            else
-#endif
-                sum += fma_scalar(iters, seed);
-        }
-        double dt = now_s() - t0;
-        bench_sink_f32 = sum;
-        double g = flops_per_iter * (double)iters * T / dt / 1e9;
+        const double g = bench_fma_pass();
         if (g > best) best = g;
     }
     out->gflops = best;

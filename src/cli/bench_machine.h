@@ -27,11 +27,27 @@ typedef struct {
     const char *method; /* "avx2+fma 256-bit" or "scalar mul+add" */
 } bench_fma;
 
+/* A ceiling sampled beside the timed runs (between their repetitions), so
+ * that on a shared host a ratio can be taken against what the machine
+ * delivered in the same minutes, not only at the end. */
+typedef struct {
+    int n;               /* samples (0: none taken) */
+    double best, worst;  /* GB/s or GFLOP/s */
+} bench_beside;
+
+void bench_beside_add(bench_beside *b, double v);
+
 void bench_machine_info(bench_machine *m);
 /* Stream-read a buffer of `bytes` (pages touched first) `passes` times with
  * every thread. Returns 0, or -1 with q3_err set when the buffer cannot be
  * allocated. */
 int bench_measure_membw(size_t bytes, int passes, bench_membw *out);
 void bench_measure_fma(bench_fma *out);
+/* One all-threads read pass over [p, p + bytes) (32-byte aligned, e.g. a
+ * mapped model file, which it leaves unchanged): GB/s. */
+double bench_read_pass(const void *p, size_t bytes);
+/* One all-threads FMA run of about 50 ms at the width bench_measure_fma
+ * uses (calibrated on the first call): GFLOP/s. */
+double bench_fma_pass(void);
 
 #endif

@@ -107,10 +107,25 @@ double bench_kv_bytes(const q3_config *c, int pos) {
     return 2.0 * c->num_layers * (double)(pos + 1) * c->num_kv_heads * c->head_dim * sizeof(float);
 }
 
+/* Read passes per sample beside decode: one pass is easily caught by a
+ * neighbour's burst. */
+enum { READS_PER_SAMPLE = 3 };
+
+static void sample_fma(bench_ceilings *cl) {
+    if (cl && cl->fma) bench_beside_add(&cl->flops, bench_fma_pass());
+}
+
+static void sample_read(bench_ceilings *cl) {
+    if (!cl || !cl->read_p) return;
+    if (!cl->read.n) (void)bench_read_pass(cl->read_p, cl->read_bytes); /* untimed: maps any page not mapped yet */
+    for (int i = 0; i < READS_PER_SAMPLE; i++) bench_beside_add(&cl->read, bench_read_pass(cl->read_p, cl->read_bytes));
+}
+
 int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms,
-                      q3_matmul_stats *mm) {
+                      q3_matmul_stats *mm, bench_ceilings *cl) {
     q3_matmul_stats_reset();
     for (int r = 0; r < reps; r++) {
+        sample_fma(cl);
         q3_state_reset(&se->state);
         double t0 = now_ms();
         if (q3_forward(&se->model, &se->state, ids, P, se->logits, 0)) return -1;
@@ -119,11 +134,12 @@ int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P
         bench_log("prefill %d tokens, rep %d/%d: %.2f ms\n", P, r + 1, reps, ms[r]);
     }
     *mm = q3_matmul_stats_get();
+    sample_fma(cl);
     return 0;
 }
 
 int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int depth, int n, int reps, double *ms,
-                     uint64_t *hits_delta, q3_matmul_stats *mm) {
+                     uint64_t *hits_delta, q3_matmul_stats *mm, bench_ceilings *cl) {
     const q3_model *m = &se->model;
     q3_state *s = &se->state;
     const q3_config *c = &m->cfg;
@@ -133,6 +149,7 @@ int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int de
     int rc = 0;
     *mm = (q3_matmul_stats){0};
     for (int r = 0; rc == 0 && r < reps; r++) {
+        sample_read(cl); /* before the untimed prefill, which warms the caches again */
         q3_state_reset(s);
         if (depth > 0 && q3_forward(m, s, ids, depth, NULL, 0)) rc = -1;
         q3_matmul_stats_reset();
@@ -151,6 +168,7 @@ int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int de
             for (size_t k = 0; k < nh; k++) hits_delta[k] += s->expert_hits[k] - before[k];
         if (rc == 0) bench_log("decode at depth %d, rep %d/%d: %d steps, mean %.2f ms/token\n", depth, r + 1, reps, n, sum / n);
     }
+    if (rc == 0) sample_read(cl);
     free(before);
     return rc;
 }

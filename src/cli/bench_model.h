@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "cli/bench_machine.h"
 #include "cli/session.h"
 #include "util/error.h"
 
@@ -39,19 +40,30 @@ double bench_expert_bytes(const q3_model *m, const uint64_t *hits);
 /* K and V cache bytes attention reads for a token at position pos. */
 double bench_kv_bytes(const q3_config *c, int pos);
 
-/* `reps` timed prefills of P tokens, each after q3_state_reset and ending
- * with the first token sampled by smp (as generate does); ms[reps]. */
-/* Times reps prefills of P tokens (ms[r]); *mm: their matmul time and flops. */
+/* The machine's ceilings sampled between the timed repetitions (before
+ * the first, between two, after the last): an FMA run beside prefill, when
+ * fma is set, and read passes over [read_p, read_p + read_bytes) beside
+ * decode, when read_p is set (the mapped weights: no memory of its own). */
+typedef struct {
+    int fma;
+    const void *read_p;
+    size_t read_bytes;
+    bench_beside flops, read;
+} bench_ceilings;
+
+/* Times reps prefills of P tokens, each after q3_state_reset and ending
+ * with the first token sampled by smp (as generate does); ms[reps]. *mm:
+ * their matmul time and flops. cl: NULL, or ceilings to sample beside. */
 int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms,
-                      q3_matmul_stats *mm);
+                      q3_matmul_stats *mm, bench_ceilings *cl);
 /* reps x (reset, untimed prefill of `depth` ids, n timed single-token steps,
  * each a forward pass and a sample); ms[reps * n]. The steps feed ids, not
  * the sampled tokens, so every run sees the same tokens. hits_delta
  * ([layers][experts], zeroed here) receives the experts routed to during
- * the timed steps only. state.expert_hits must be allocated for MoE models. */
-/* mm: the matmul time and flops of the timed steps. */
+ * the timed steps only. state.expert_hits must be allocated for MoE models.
+ * mm: the matmul time and flops of the timed steps. cl: as for prefill. */
 int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int depth, int n, int reps, double *ms,
-                     uint64_t *hits_delta, q3_matmul_stats *mm);
+                     uint64_t *hits_delta, q3_matmul_stats *mm, bench_ceilings *cl);
 
 /* Linear-interpolated percentile (0..100) of n values (sorted in place). */
 double bench_percentile(double *v, int n, double pct);

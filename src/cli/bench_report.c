@@ -11,6 +11,17 @@
 
 static double pct(double x, double of) { return of > 0 ? 100.0 * x / of : 0; }
 
+/* What "% peak" and "% membw" are of: the best the machine showed in the
+ * whole run, at the end or beside the timed repetitions (0: no bandwidth). */
+static double peak_gflops(const bench_results *r) {
+    return r->fma_beside.n && r->fma_beside.best > r->fma.gflops ? r->fma_beside.best : r->fma.gflops;
+}
+
+static double read_gbs(const bench_results *r) {
+    if (!r->membw.ran) return 0;
+    return r->read_beside.n && r->read_beside.best > r->membw.best_gbs ? r->read_beside.best : r->membw.best_gbs;
+}
+
 /* One phase's counters per unit (prompt or token), one line per kind used. */
 static void print_comm_rows(FILE *f, const bench_comm *b, const char *label) {
     int any = 0;
@@ -86,6 +97,18 @@ void bench_print_table(FILE *f, const bench_results *r) {
                 r->membw.best_gbs, r->membw.median_gbs, r->membw.bytes >> 20, r->membw.passes, r->membw.method);
     else fprintf(f, "mem read   not measured (--no-membw)\n");
     if (!r->has_model) return;
+    const bench_beside *fb = &r->fma_beside, *rb = &r->read_beside;
+    if (fb->n)
+        fprintf(f, "           beside prefill: FMA %.1f to %.1f GFLOP/s over %d runs between the repetitions\n", fb->worst,
+                fb->best, fb->n);
+    if (rb->n)
+        fprintf(f, "           beside decode: read %.2f to %.2f GB/s over %d passes over the model's first %zu MiB (its\n"
+                   "           mapped weights) between the repetitions\n",
+                rb->worst, rb->best, rb->n, r->read_beside_bytes >> 20);
+    else if (r->membw.ran && r->decode.ran && r->world == 1)
+        fprintf(f, "           beside decode: no reads (the model's largest file is smaller than the %zu MiB buffer)\n",
+                r->membw.bytes >> 20);
+    if (fb->n || rb->n) fprintf(f, "           %% peak and %% membw below are of the best the run saw, at the end or beside\n");
 
     if (r->n_prefill) {
         fprintf(f, "\nprefill (last-row logits and the first token sampled; %d reps each)\n", r->prefill[0].reps);
@@ -94,8 +117,8 @@ void bench_print_table(FILE *f, const bench_results *r) {
         for (int i = 0; i < r->n_prefill; i++) {
             const bench_prefill_result *p = &r->prefill[i];
             fprintf(f, "  %8d %11.2f %11.2f %11.2f %10.1f %10.2f %8.1f | %12.2f %8.1f %8.1f\n", p->tokens, p->ms_median,
-                    p->ms_min, p->ms_max, p->tok_s, p->gflops, pct(p->gflops, r->fma.gflops), p->mm_gflops,
-                    pct(p->mm_gflops, r->fma.gflops), 100.0 * p->mm_share);
+                    p->ms_min, p->ms_max, p->tok_s, p->gflops, pct(p->gflops, peak_gflops(r)), p->mm_gflops,
+                    pct(p->mm_gflops, peak_gflops(r)), 100.0 * p->mm_share);
         }
         fprintf(f, "  (matmul: flops of the linear layers over the time inside them, every rep; %% time: their share)\n");
         for (int i = 0; i < r->n_prefill; i++) {
@@ -104,7 +127,7 @@ void bench_print_table(FILE *f, const bench_results *r) {
             for (int q = 0; q < Q3_MM_PARTS; q++)
                 if (p->part_ms[q] > 0)
                     fprintf(f, " %s %.1f, %.1f, %.1f;", q3_mm_part_name((q3_mm_part)q), p->part_ms[q], p->part_gflops[q],
-                            pct(p->part_gflops[q], r->fma.gflops));
+                            pct(p->part_gflops[q], peak_gflops(r)));
             fprintf(f, "\n");
         }
     }
@@ -115,7 +138,7 @@ void bench_print_table(FILE *f, const bench_results *r) {
         fprintf(f, "  %8s %8s %8s %8s %12s %9s %8s\n", "p50 ms", "p90 ms", "p99 ms", "tok/s", "weight MB/tok", "GB/s",
                 "% membw");
         char pm[16];
-        if (r->membw.ran) snprintf(pm, sizeof pm, "%.1f", pct(d->gbs, r->membw.best_gbs));
+        if (r->membw.ran) snprintf(pm, sizeof pm, "%.1f", pct(d->gbs, read_gbs(r)));
         else snprintf(pm, sizeof pm, "-");
         fprintf(f, "  %8.2f %8.2f %8.2f %8.2f %12.2f %9.2f %8s\n", d->p50, d->p90, d->p99, d->tok_s, d->weight_bytes / 1e6,
                 d->gbs, pm);
@@ -161,6 +184,25 @@ void bench_print_table(FILE *f, const bench_results *r) {
 static void set_num(json_t *o, const char *k, double v) { json_object_set_new(o, k, json_real(v)); }
 static void set_int(json_t *o, const char *k, long long v) { json_object_set_new(o, k, json_integer((json_int_t)v)); }
 static void set_str(json_t *o, const char *k, const char *v) { json_object_set_new(o, k, json_string(v)); }
+
+/* "beside": {"best_<unit>", "worst_<unit>", "<count>"[, "bytes"]}, or null
+ * when nothing was sampled. */
+static void set_beside(json_t *o, const bench_beside *b, const char *unit, const char *count, size_t bytes) {
+    if (!b->n) {
+        json_object_set_new(o, "beside", json_null());
+        return;
+    }
+    json_t *s = json_object();
+    char k[32];
+    snprintf(k, sizeof k, "best_%s", unit);
+    set_num(s, k, b->best);
+    snprintf(k, sizeof k, "worst_%s", unit);
+    set_num(s, k, b->worst);
+    set_int(s, count, b->n);
+    if (bytes) set_int(s, "bytes", (long long)bytes);
+    json_object_set_new(o, "beside", s);
+}
+
 /* A new empty object at o[k]. */
 static json_t *add_object(json_t *o, const char *k) {
     json_t *e = json_object();
@@ -224,6 +266,8 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
     set_num(o, "gflops", r->fma.gflops);
     set_str(o, "method", r->fma.method);
     set_int(o, "chains_per_thread", r->fma.chains);
+    set_num(o, "ceiling_gflops", peak_gflops(r));
+    set_beside(o, &r->fma_beside, "gflops", "runs", 0);
     if (r->membw.ran) {
         json_object_set_new(root, "membw", o = json_object());
         set_num(o, "best_gbs", r->membw.best_gbs);
@@ -231,6 +275,8 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
         set_int(o, "buffer_bytes", (long long)r->membw.bytes);
         set_int(o, "passes", r->membw.passes);
         set_str(o, "method", r->membw.method);
+        set_num(o, "ceiling_gbs", read_gbs(r));
+        set_beside(o, &r->read_beside, "gbs", "passes", r->read_beside_bytes);
     } else json_object_set_new(root, "membw", json_null());
     if (r->has_model) {
         const q3_config *c = &r->cfg;
@@ -265,10 +311,10 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "tokens_per_s", p->tok_s);
             set_num(o, "flops", p->flops);
             set_num(o, "gflops", p->gflops);
-            set_num(o, "pct_fma_peak", pct(p->gflops, r->fma.gflops));
+            set_num(o, "pct_fma_peak", pct(p->gflops, peak_gflops(r)));
             set_num(o, "matmul_flops", p->mm_flops);
             set_num(o, "matmul_gflops", p->mm_gflops);
-            set_num(o, "matmul_pct_fma_peak", pct(p->mm_gflops, r->fma.gflops));
+            set_num(o, "matmul_pct_fma_peak", pct(p->mm_gflops, peak_gflops(r)));
             set_num(o, "matmul_time_share", p->mm_share);
             json_t *parts = add_object(o, "matmul_parts");
             for (int q = 0; q < Q3_MM_PARTS; q++) {
@@ -305,7 +351,7 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
                 set_num(q, "weight_bytes_per_token", d->part_bytes[p]);
                 set_num(q, "gbs", d->part_bytes[p] / (d->part_ms[p] * 1e6));
             }
-            if (r->membw.ran) set_num(o, "pct_membw", pct(d->gbs, r->membw.best_gbs));
+            if (r->membw.ran) set_num(o, "pct_membw", pct(d->gbs, read_gbs(r)));
             else json_object_set_new(o, "pct_membw", json_null());
         } else json_object_set_new(root, "decode", json_null());
         const bench_ttft *t = &r->ttft;

@@ -39,7 +39,8 @@ static void usage(FILE *f) {
             "reads (and per model part, the GB/s its matmuls stream them at; for prefill, their\n"
             "GFLOP/s), time to first token of a fresh process (cold and warm page cache), peak\n"
             "RSS and how much of a mapped model has 2 MiB page entries, next to this machine's\n"
-            "measured memory read bandwidth and FMA peak, naming the kernels in use\n"
+            "measured memory read bandwidth and FMA peak (measured at the end and again between\n"
+            "the timed repetitions; percentages are of the best seen), naming the kernels in use\n"
             "(Q3MOE_ISA=scalar|avx2|avx512|avx512bf16 forces a table). The table goes to stdout,\n"
             "progress to stderr. See BENCHMARKS.md for what each number means.\n\n"
             "  -m DIR            Hugging Face checkpoint directory, or a .q3m file (q3moe convert)\n"
@@ -55,7 +56,8 @@ static void usage(FILE *f) {
             "  --force           overwrite the --json FILE\n"
             "  --membw           without -m: measure only the machine (bandwidth and FMA peak)\n"
             "  --no-membw        skip the memory bandwidth test (no %% of bandwidth reported)\n"
-            "  --membw-mb MB     bandwidth test buffer size in MiB (default 1024)\n"
+            "  --membw-mb MB     bandwidth test buffer size in MiB (default 1024); as many bytes of the\n"
+            "                    mapped model are read between decode repetitions, if its file is that large\n"
             "  --no-ttft         skip the time-to-first-token runs\n"
             "  --mlock           lock the model's files in RAM (never paged out; needs ulimit -l)\n"
             "  --hugepages       copy the model into transparent huge pages instead of mapping it\n"
@@ -141,8 +143,22 @@ static long peak_rss_kb(void) {
 
 /* Everything that needs the loaded model. Every step ends with a token
  * sampled as generate does (sp), distributed on a vocab-split lm_head. */
+/* Ceilings to sample beside the timed runs (one rank only: ranks sharing a
+ * machine would sample each other's traffic): the FMA run, and when the
+ * bandwidth is measured, read passes over the first read_bytes of the
+ * model's largest file, if it has that many (the bytes are read where
+ * decode reads its weights, and a smaller file could sit in the caches). */
+static bench_ceilings ceilings_for(const q3_model *m, int world, size_t read_bytes) {
+    bench_ceilings cl = {.fma = world == 1};
+    const q3_mapped_file *big = NULL;
+    for (int i = 0; i < m->st.n_files; i++)
+        if (!big || m->st.files[i].size > big->size) big = &m->st.files[i];
+    if (world == 1 && read_bytes && big && big->size >= read_bytes) cl.read_p = big->data, cl.read_bytes = read_bytes;
+    return cl;
+}
+
 static int run_model(bench_results *r, q3_session *s, const int *plen, int np, long n_dec, long reps, long depth,
-                     const int32_t *ids, const q3_sampler_params *sp, int rank) {
+                     const int32_t *ids, const q3_sampler_params *sp, int rank, size_t read_bytes) {
     const q3_model *m = &s->model;
     const q3_config *c = &m->cfg;
     bench_checkpoint_size(m, &r->params, &r->bytes, &r->dtype);
@@ -154,6 +170,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
     q3_sampler *smp = q3_sampler_new(sp, c->vocab_size);
     int rc = smp ? session_sampling_setup(s, sp, rank == 0) : -1;
     if (r->comm_stats) r->prefill_comm = q3_calloc((size_t)(np ? np : 1), sizeof *r->prefill_comm);
+    bench_ceilings cl = ceilings_for(m, r->world, read_bytes);
 
     /* One untimed run faults the weights in and starts the thread pool. */
     int warm = np ? plen[0] : (n_dec > 0 && depth > 0 ? (int)depth : 1);
@@ -166,7 +183,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         const int P = plen[i];
         if (r->comm_stats) bench_comm_begin(&r->prefill_comm[i], &s->state, "prefill", c->num_layers);
         q3_matmul_stats mm;
-        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms, &mm);
+        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms, &mm, &cl);
         if (r->comm_stats) bench_comm_end(&r->prefill_comm[i], &s->state, rc ? 0 : sum_ms(ms, (int)reps) / 1e3, (double)reps);
         if (rc) break;
         bench_prefill_result *p = &r->prefill[r->n_prefill++];
@@ -191,7 +208,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         bench_decode_result *d = &r->decode;
         if (r->comm_stats) bench_comm_begin(&r->decode_comm, &s->state, "decode", c->num_layers);
         q3_matmul_stats mm;
-        rc = bench_run_decode(s, smp, ids, (int)depth, (int)n_dec, (int)reps, ms, delta, &mm);
+        rc = bench_run_decode(s, smp, ids, (int)depth, (int)n_dec, (int)reps, ms, delta, &mm, &cl);
         const int total = (int)(n_dec * reps);
         if (r->comm_stats) bench_comm_end(&r->decode_comm, &s->state, rc ? 0 : sum_ms(ms, total) / 1e3, (double)total);
         if (rc == 0) {
@@ -221,6 +238,9 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
             }
         }
     }
+    r->fma_beside = cl.flops;
+    r->read_beside = cl.read;
+    r->read_beside_bytes = cl.read_bytes;
     r->rss_kb = peak_rss_kb();
     r->hugepages = q3_hugepages_get();
     r->huge_bytes = q3_anon_huge_bytes();
@@ -373,7 +393,7 @@ int cmd_bench(int argc, char **argv) {
             rc = session_open_plan(&s, model_dir, r.ctx, (int)threads, 0, par_plan(&po));
             if (rc == 0) {
                 r.cfg = s.model.cfg;
-                rc = run_model(&r, &s, plen, np, n_dec, reps, depth, ids, &sp, po.rank);
+                rc = run_model(&r, &s, plen, np, n_dec, reps, depth, ids, &sp, po.rank, no_membw ? 0 : (size_t)membw_mb << 20);
                 session_close(&s);
             }
             /* a rank that fails mid-run would leave its peers waiting */
