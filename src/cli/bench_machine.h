@@ -37,6 +37,17 @@ typedef struct {
 
 void bench_beside_add(bench_beside *b, double v);
 
+/* The machine's ceilings sampled between the timed repetitions (before
+ * the first, between two, after the last): an FMA run beside prefill, when
+ * fma is set, and read passes over [read_p, read_p + read_bytes) beside
+ * decode, when read_p is set (the mapped weights: no memory of its own). */
+typedef struct {
+    int fma;
+    const void *read_p;
+    size_t read_bytes;
+    bench_beside flops, read;
+} bench_ceilings;
+
 void bench_machine_info(bench_machine *m);
 /* Stream-read a buffer of `bytes` (pages touched first) `passes` times with
  * every thread. Returns 0, or -1 with q3_err set when the buffer cannot be

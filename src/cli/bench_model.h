@@ -40,17 +40,6 @@ double bench_expert_bytes(const q3_model *m, const uint64_t *hits);
 /* K and V cache bytes attention reads for a token at position pos. */
 double bench_kv_bytes(const q3_config *c, int pos);
 
-/* The machine's ceilings sampled between the timed repetitions (before
- * the first, between two, after the last): an FMA run beside prefill, when
- * fma is set, and read passes over [read_p, read_p + read_bytes) beside
- * decode, when read_p is set (the mapped weights: no memory of its own). */
-typedef struct {
-    int fma;
-    const void *read_p;
-    size_t read_bytes;
-    bench_beside flops, read;
-} bench_ceilings;
-
 /* Times reps prefills of P tokens, each after q3_state_reset and ending
  * with the first token sampled by smp (as generate does); ms[reps]. *mm:
  * their matmul time and flops. cl: NULL, or ceilings to sample beside. */

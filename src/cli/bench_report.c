@@ -14,12 +14,12 @@ static double pct(double x, double of) { return of > 0 ? 100.0 * x / of : 0; }
 /* What "% peak" and "% membw" are of: the best the machine showed in the
  * whole run, at the end or beside the timed repetitions (0: no bandwidth). */
 static double peak_gflops(const bench_results *r) {
-    return r->fma_beside.n && r->fma_beside.best > r->fma.gflops ? r->fma_beside.best : r->fma.gflops;
+    return r->beside.flops.n && r->beside.flops.best > r->fma.gflops ? r->beside.flops.best : r->fma.gflops;
 }
 
 static double read_gbs(const bench_results *r) {
     if (!r->membw.ran) return 0;
-    return r->read_beside.n && r->read_beside.best > r->membw.best_gbs ? r->read_beside.best : r->membw.best_gbs;
+    return r->beside.read.n && r->beside.read.best > r->membw.best_gbs ? r->beside.read.best : r->membw.best_gbs;
 }
 
 /* One phase's counters per unit (prompt or token), one line per kind used. */
@@ -97,14 +97,14 @@ void bench_print_table(FILE *f, const bench_results *r) {
                 r->membw.best_gbs, r->membw.median_gbs, r->membw.bytes >> 20, r->membw.passes, r->membw.method);
     else fprintf(f, "mem read   not measured (--no-membw)\n");
     if (!r->has_model) return;
-    const bench_beside *fb = &r->fma_beside, *rb = &r->read_beside;
+    const bench_beside *fb = &r->beside.flops, *rb = &r->beside.read;
     if (fb->n)
         fprintf(f, "           beside prefill: FMA %.1f to %.1f GFLOP/s over %d runs between the repetitions\n", fb->worst,
                 fb->best, fb->n);
     if (rb->n)
         fprintf(f, "           beside decode: read %.2f to %.2f GB/s over %d passes over the model's first %zu MiB (its\n"
                    "           mapped weights) between the repetitions\n",
-                rb->worst, rb->best, rb->n, r->read_beside_bytes >> 20);
+                rb->worst, rb->best, rb->n, r->beside.read_bytes >> 20);
     else if (r->membw.ran && r->decode.ran && r->world == 1)
         fprintf(f, "           beside decode: no reads (the model's largest file is smaller than the %zu MiB buffer)\n",
                 r->membw.bytes >> 20);
@@ -267,7 +267,7 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
     set_str(o, "method", r->fma.method);
     set_int(o, "chains_per_thread", r->fma.chains);
     set_num(o, "ceiling_gflops", peak_gflops(r));
-    set_beside(o, &r->fma_beside, "gflops", "runs", 0);
+    set_beside(o, &r->beside.flops, "gflops", "runs", 0);
     if (r->membw.ran) {
         json_object_set_new(root, "membw", o = json_object());
         set_num(o, "best_gbs", r->membw.best_gbs);
@@ -276,7 +276,7 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
         set_int(o, "passes", r->membw.passes);
         set_str(o, "method", r->membw.method);
         set_num(o, "ceiling_gbs", read_gbs(r));
-        set_beside(o, &r->read_beside, "gbs", "passes", r->read_beside_bytes);
+        set_beside(o, &r->beside.read, "gbs", "passes", r->beside.read_bytes);
     } else json_object_set_new(root, "membw", json_null());
     if (r->has_model) {
         const q3_config *c = &r->cfg;

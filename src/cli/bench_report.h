@@ -54,11 +54,10 @@ typedef struct {
     bench_machine machine;
     bench_fma fma;
     bench_membw membw;
-    /* the same ceilings sampled between the timed repetitions (one rank):
-     * FMA beside prefill, reads of read_beside_bytes of the mapped model
-     * beside decode; percentages are of the best of these and the above */
-    bench_beside fma_beside, read_beside;
-    size_t read_beside_bytes;
+    /* the same ceilings sampled between the timed repetitions (one rank;
+     * read_p is cleared once the model is closed); percentages are of the
+     * best of these and the above */
+    bench_ceilings beside;
     /* runs */
     int n_prefill;
     bench_prefill_result *prefill;

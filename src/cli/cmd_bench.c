@@ -141,8 +141,6 @@ static long peak_rss_kb(void) {
     return getrusage(RUSAGE_SELF, &ru) ? 0 : ru.ru_maxrss;
 }
 
-/* Everything that needs the loaded model. Every step ends with a token
- * sampled as generate does (sp), distributed on a vocab-split lm_head. */
 /* Ceilings to sample beside the timed runs (one rank only: ranks sharing a
  * machine would sample each other's traffic): the FMA run, and when the
  * bandwidth is measured, read passes over the first read_bytes of the
@@ -157,6 +155,8 @@ static bench_ceilings ceilings_for(const q3_model *m, int world, size_t read_byt
     return cl;
 }
 
+/* Everything that needs the loaded model. Every step ends with a token
+ * sampled as generate does (sp), distributed on a vocab-split lm_head. */
 static int run_model(bench_results *r, q3_session *s, const int *plen, int np, long n_dec, long reps, long depth,
                      const int32_t *ids, const q3_sampler_params *sp, int rank, size_t read_bytes) {
     const q3_model *m = &s->model;
@@ -170,7 +170,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
     q3_sampler *smp = q3_sampler_new(sp, c->vocab_size);
     int rc = smp ? session_sampling_setup(s, sp, rank == 0) : -1;
     if (r->comm_stats) r->prefill_comm = q3_calloc((size_t)(np ? np : 1), sizeof *r->prefill_comm);
-    bench_ceilings cl = ceilings_for(m, r->world, read_bytes);
+    r->beside = ceilings_for(m, r->world, read_bytes);
 
     /* One untimed run faults the weights in and starts the thread pool. */
     int warm = np ? plen[0] : (n_dec > 0 && depth > 0 ? (int)depth : 1);
@@ -183,7 +183,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         const int P = plen[i];
         if (r->comm_stats) bench_comm_begin(&r->prefill_comm[i], &s->state, "prefill", c->num_layers);
         q3_matmul_stats mm;
-        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms, &mm, &cl);
+        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms, &mm, &r->beside);
         if (r->comm_stats) bench_comm_end(&r->prefill_comm[i], &s->state, rc ? 0 : sum_ms(ms, (int)reps) / 1e3, (double)reps);
         if (rc) break;
         bench_prefill_result *p = &r->prefill[r->n_prefill++];
@@ -208,7 +208,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         bench_decode_result *d = &r->decode;
         if (r->comm_stats) bench_comm_begin(&r->decode_comm, &s->state, "decode", c->num_layers);
         q3_matmul_stats mm;
-        rc = bench_run_decode(s, smp, ids, (int)depth, (int)n_dec, (int)reps, ms, delta, &mm, &cl);
+        rc = bench_run_decode(s, smp, ids, (int)depth, (int)n_dec, (int)reps, ms, delta, &mm, &r->beside);
         const int total = (int)(n_dec * reps);
         if (r->comm_stats) bench_comm_end(&r->decode_comm, &s->state, rc ? 0 : sum_ms(ms, total) / 1e3, (double)total);
         if (rc == 0) {
@@ -238,9 +238,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
             }
         }
     }
-    r->fma_beside = cl.flops;
-    r->read_beside = cl.read;
-    r->read_beside_bytes = cl.read_bytes;
+    r->beside.read_p = NULL; /* the mapping goes with the session */
     r->rss_kb = peak_rss_kb();
     r->hugepages = q3_hugepages_get();
     r->huge_bytes = q3_anon_huge_bytes();
