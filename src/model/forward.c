@@ -158,6 +158,17 @@ void q3_state_reset(q3_state *s) { s->pos = 0; }
 /* The format an A8 linear's input is quantized to. */
 static q3_dtype act_of(const q3_mat *W) { return W->ai8 ? Q3_MXINT8 : Q3_MXFP8; }
 
+void q3_swiglu_rows(float *gate, const float *up, int rows, int n) {
+#pragma omp parallel for schedule(static) if (rows >= Q3_PAR_ROWS)
+    for (int r = 0; r < rows; r++) q3_swiglu(gate + (size_t)r * n, gate + (size_t)r * n, up + (size_t)r * n, n);
+}
+
+void q3_add_rows(float *x, const float *d, int rows, int n) {
+#pragma omp parallel for schedule(static) if (rows >= Q3_PAR_ROWS)
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++) x[(size_t)r * n + i] += d[(size_t)r * n + i];
+}
+
 /* A8: the input rows of an MX linear are quantized to MXFP8 or MXINT8 in
  * place (the dequantized values, so the fp32 kernels then compute exactly
  * the MXFP8/MXINT8 x MX products). A row holding NaN/Inf is left as it is. */
@@ -165,6 +176,7 @@ void q3_act_quant(const q3_model *m, const q3_mat *W, float *x, int rows, size_t
     (void)m;
     if (!W->a8) return;
     const q3_dtype act = act_of(W);
+#pragma omp parallel for schedule(static) if (rows >= Q3_PAR_ROWS)
     for (int r = 0; r < rows; r++) (void)q3_act_mx(act, x + (size_t)r * ld, (size_t)W->cols, x + (size_t)r * ld);
 }
 
@@ -184,6 +196,7 @@ static void attention_heads(const q3_model *m, q3_state *s, int l, int pos0, int
                               {s->v, (size_t)KVD, s->xn, (size_t)H, T, &L->wv}};
     q3_matmul_part(Q3_MM_ATTN);
     q3_matmul_jobs(qkv, 3);
+#pragma omp parallel for schedule(static) if (T >= Q3_PAR_ROWS)
     for (int t = 0; t < T; t++) {
         const float *cs = s->rope_cos + (size_t)(pos0 + t) * D / 2, *sn = s->rope_sin + (size_t)(pos0 + t) * D / 2;
         for (int h = 0; h < NQ; h++) {
@@ -212,6 +225,7 @@ static void attention_block(const q3_model *m, q3_state *s, int l, int pos0, int
     const q3_layer *L = &m->layers[l];
     const int H = c->hidden_size, QD = local_heads(m) * c->head_dim;
     /* RMSNorm + (A8) MX quantization in one pass: q/k/v only need the quantized rows. */
+#pragma omp parallel for schedule(static) if (T >= Q3_PAR_ROWS)
     for (int t = 0; t < T; t++) {
         float *xn = s->xn + (size_t)t * H, *x = s->x + (size_t)t * H;
         if (L->wq.a8) q3_add_rmsnorm_mx(x, NULL, L->attn_norm, NULL, xn, H, c->rms_norm_eps, act_of(&L->wq));
@@ -236,7 +250,7 @@ static void dense_mlp_rows(const q3_model *m, const q3_layer *L, q3_state *s, in
                               {s->ffn_up, (size_t)F, s->xn, (size_t)H, T, &L->ffn_up}};
     q3_matmul_part(Q3_MM_MLP);
     q3_matmul_jobs(w13, 2);
-    q3_swiglu(s->ffn_gate, s->ffn_gate, s->ffn_up, T * F);
+    q3_swiglu_rows(s->ffn_gate, s->ffn_up, T, F);
     q3_act_quant(m, &L->ffn_down, s->ffn_gate, T, (size_t)F);
     q3_matmul(s->proj, s->ffn_gate, T, &L->ffn_down);
 }
@@ -246,7 +260,7 @@ static void dense_mlp(const q3_model *m, const q3_layer *L, q3_state *s, int T) 
     dense_mlp_rows(m, L, s, T);
     /* Dense MLP split over the attn_tp group: rows of gate/up, columns of down. */
     if (m->shard) q3_shard_allreduce(m->shard->g.attn_tp, s->proj, (size_t)T * H);
-    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];
+    q3_add_rows(s->x, s->proj, T, H);
 }
 
 static void mlp_block(const q3_model *m, q3_state *s, int l, int T) {
@@ -257,6 +271,7 @@ static void mlp_block(const q3_model *m, q3_state *s, int l, int T) {
      * proj (consumed by the add in the same pass), for the experts; the
      * router reads the fp32 rows in xn. */
     const int a8 = L->sparse && L->gate[0].a8 && !(m->shard && s->a2a_send);
+#pragma omp parallel for schedule(static) if (T >= Q3_PAR_ROWS)
     for (int t = 0; t < T; t++) {
         float *x = s->x + (size_t)t * H, *d = s->proj + (size_t)t * H, *xn = s->xn + (size_t)t * H;
         if (a8) q3_add_rmsnorm_mx(x, d, L->mlp_norm, xn, d, H, c->rms_norm_eps, act_of(&L->gate[0]));
@@ -365,6 +380,7 @@ static void forward_chunk(const q3_model *m, q3_state *s, const int32_t *ids, in
     if (s->sp_rows && T > 1) {
         sp_layers(m, s, ids, T, !logits ? T : all_rows ? 0 : T - 1);
     } else {
+#pragma omp parallel for schedule(static) if (T >= Q3_PAR_ROWS)
         for (int t = 0; t < T; t++) q3_to_f32(s->x + (size_t)t * H, m->embed.data, m->embed.dtype, (size_t)ids[t] * H, H);
         if (s->layer_hook) s->layer_hook(s->layer_hook_ctx, -1, T);
         for (int l = 0; l < c->num_layers; l++) {

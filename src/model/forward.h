@@ -8,6 +8,13 @@
 
 #include "model/model.h"
 
+/* Per-row work outside the matmuls (norms, RoPE, gating, gathers,
+ * finalize) runs on all threads for a chunk of at least this many rows;
+ * below it (decode) waking them costs more than the rows. Each row is
+ * computed by one thread exactly as on one, so results do not depend on
+ * the thread count. */
+enum { Q3_PAR_ROWS = 16 };
+
 typedef struct {
     int ctx;          /* KV cache capacity in tokens */
     int max_batch;    /* tokens per forward chunk (longer prompts are chunked) */
@@ -84,5 +91,10 @@ int q3_forward(const q3_model *m, q3_state *s, const int32_t *ids, int n, float 
 /* Quantize `rows` input rows of linear W to MXFP8 in place when the model
  * runs with MX activations and W is an MX matrix (no-op otherwise). */
 void q3_act_quant(const q3_model *m, const q3_mat *W, float *x, int rows, size_t ld);
+
+/* Row-parallel helpers (Q3_PAR_ROWS) for rows of n floats: gate =
+ * SwiGLU(gate, up), and x += d. */
+void q3_swiglu_rows(float *gate, const float *up, int rows, int n);
+void q3_add_rows(float *x, const float *d, int rows, int n);
 
 #endif

@@ -23,6 +23,7 @@ static void gating(const q3_config *c, const q3_layer *L, q3_state *s, int t0, i
     if (n <= 0) return;
     q3_matmul_part(Q3_MM_ROUTER);
     q3_matmul(s->router + (size_t)t0 * E, s->xn + (size_t)t0 * c->hidden_size, n, &L->router);
+#pragma omp parallel for schedule(static) if (n >= Q3_PAR_ROWS)
     for (int t = t0; t < t0 + n; t++) {
         float *p = s->router + (size_t)t * E;
         q3_softmax(p, E);
@@ -72,7 +73,7 @@ static void run_local_experts(const q3_model *m, const q3_layer *L, q3_state *s,
         jobs[nj++] = (q3_mm_job){s->h_up + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->up[e]};
     }
     q3_matmul_jobs(jobs, nj);
-    q3_swiglu(s->h_gate + (size_t)p0 * F, s->h_gate + (size_t)p0 * F, s->h_up + (size_t)p0 * F, (p1 - p0) * F);
+    q3_swiglu_rows(s->h_gate + (size_t)p0 * F, s->h_up + (size_t)p0 * F, p1 - p0, F);
     if (p1 > p0) q3_act_quant(m, &L->down[elo], s->h_gate + (size_t)p0 * F, p1 - p0, (size_t)F);
     nj = 0;
     for (int e = elo; e < ehi; e++) {
@@ -103,12 +104,14 @@ static void local_partial(const q3_model *m, const q3_layer *L, q3_state *s, int
         q3_act_quant(m, &L->gate[elo], s->proj, T, (size_t)H);
         src = s->proj;
     }
+#pragma omp parallel for schedule(static) if (p1 - p0 >= Q3_PAR_ROWS)
     for (int p = p0; p < p1; p++) memcpy(s->xg + (size_t)p * H, src + (size_t)(s->perm[p] / K) * H, (size_t)H * sizeof(float));
     run_local_experts(m, L, s, elo, ehi, 1);
     /* Partial finalize (local pairs in slot order) into proj, sum, add. */
-    memset(s->proj, 0, (size_t)T * H * sizeof(float));
+#pragma omp parallel for schedule(static) if (T >= Q3_PAR_ROWS)
     for (int t = 0; t < T; t++) {
         float *y = s->proj + (size_t)t * H;
+        memset(y, 0, (size_t)H * sizeof(float));
         for (int j = 0; j < K; j++) {
             const int pair = t * K + j, at = s->perm_inv[pair];
             if (at < p0 || at >= p1) continue;
@@ -132,7 +135,7 @@ static void moe_forward_shard(const q3_model *m, const q3_layer *L, q3_state *s,
     gating(&m->cfg, L, s, 0, T);
     local_partial(m, L, s, T, layer);
     q3_shard_allreduce(m->shard->g.world, s->proj, (size_t)T * H);
-    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->proj[i];
+    q3_add_rows(s->x, s->proj, T, H);
 }
 
 static int range_lo(int i, int n, int parts) { return (int)((long)i * n / parts); }
@@ -309,10 +312,12 @@ void q3_moe_forward(const q3_model *m, const q3_layer *L, q3_state *s, int T, in
     /* Gather each expert's rows, then its passes (run_local_experts). The
      * router read xn in fp32; the experts read the MXFP8 copy (A8). */
     const float *src = s->xq_in_proj ? s->proj : s->xn;
+#pragma omp parallel for schedule(static) if (T * K >= Q3_PAR_ROWS)
     for (int p = 0; p < T * K; p++) memcpy(s->xg + (size_t)p * H, src + (size_t)(s->perm[p] / K) * H, (size_t)H * sizeof(float));
     run_local_experts(m, L, s, 0, E, s->xq_in_proj);
     /* Finalize: each token sums its k expert outputs in slot order, so the
      * result does not depend on how pairs were grouped. */
+#pragma omp parallel for schedule(static) if (T >= Q3_PAR_ROWS)
     for (int t = 0; t < T; t++) {
         float *x = s->x + (size_t)t * H;
         for (int j = 0; j < K; j++) {

@@ -1,7 +1,8 @@
 /* The decode step is static: after warm-up, 100 single-token forward steps
  * perform no heap allocation and create no thread. malloc/calloc/realloc
  * and pthread_create are interposed by this binary and counted. Greedy
- * decoding is also bit-identical with 1 and 2 threads. */
+ * decoding, and the prefill of a prompt long enough for its per-row work
+ * to run on all threads, are also bit-identical with 1 and 2 threads. */
 #include <dlfcn.h>
 #include <omp.h>
 #include <pthread.h>
@@ -75,8 +76,12 @@ static void greedy(const q3_model *m, int threads, int steps, int32_t *ids, floa
     q3_state s;
     CHECK(q3_state_init(&s, m, 256, 0) == 0);
     float *logits = malloc((size_t)m->cfg.vocab_size * sizeof(float));
-    int32_t prompt[5] = {1, 2, 3, 4, 5};
-    CHECK(q3_forward(m, &s, prompt, 5, logits, 0) == 0);
+    /* A prompt past Q3_PAR_ROWS: its norms, RoPE, gating, gathers and
+     * finalize run on all threads, and must give the 1-thread bits. */
+    enum { PROMPT = 2 * Q3_PAR_ROWS + 3 };
+    int32_t prompt[PROMPT];
+    for (int i = 0; i < PROMPT; i++) prompt[i] = (int32_t)(1 + 37 * i % (m->cfg.vocab_size - 1));
+    CHECK(q3_forward(m, &s, prompt, PROMPT, logits, 0) == 0);
     memcpy(first_logits, logits, (size_t)m->cfg.vocab_size * sizeof(float));
     long a0 = 0, t0 = 0;
     for (int i = 0; i < steps; i++) {
