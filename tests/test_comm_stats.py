@@ -113,6 +113,20 @@ def test_two_ranks_match_plan(name, model, tmp_path):
             assert got[kind] == pytest.approx(want[kind]), f"prefill {kind}: measured {got[kind]}, plan {want[kind]}"
 
 
+@pytest.mark.parametrize("comm", ["allgather", "alltoall"])
+def test_two_ranks_count_expert_reads(comm, model, tmp_path):
+    """Every decode token reads top_k experts per layer, however the experts
+    are split and exchanged (AlltoAll EP counted none before)."""
+    c = json.loads((model / "config.json").read_text())
+    y = tmp_path / "run.yaml"
+    y.write_text(f"model_path: {model}\nparallel_config:\n  attn_tp_size: 2\n  moe_ep_size: 2\n  moe_ep_comm: {comm}\n")
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.fail("mpirun not found: install OpenMPI (tools/setup.sh does it)")
+    r, _, _ = bench(model, tmp_path, [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", 2], ["--config", y])
+    assert r["decode"]["expert_reads_per_token"] == c["num_experts_per_tok"] * LAYERS
+
+
 def test_single_rank_shows_zeros(model, tmp_path):
     r, stdout, _ = bench(model, tmp_path)
     assert "one rank, nothing crosses a link, all zero" in stdout, stdout

@@ -65,7 +65,9 @@ typedef struct {
     float *sp_out;                /* [sp_rows][H]: reduce-scatter result */
     uint8_t *comm_wire;           /* MXFP8 payload scratch (comm_quant mxfp8), else NULL */
     /* Optional instrumentation (NULL unless the caller allocates it):
-     * tokens routed to each expert, [layers][num_experts], accumulated. */
+     * tokens routed to each expert, [layers][num_experts], accumulated:
+     * every token of the chunk, except in a sequence-parallel prefill with
+     * AlltoAll EP, where each rank counts its own rows. */
     uint64_t *expert_hits;
     /* Optional instrumentation (bench --comm-stats): called with layer -1
      * before the first layer of every chunk and with l after layer l, T the

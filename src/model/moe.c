@@ -38,6 +38,14 @@ static void gating(const q3_config *c, const q3_layer *L, q3_state *s, int t0, i
     }
 }
 
+/* Instrumentation (s->expert_hits): the tokens [t0, t1) routed to each
+ * expert of this layer, from their top-k ids. */
+static void count_hits(const q3_config *c, q3_state *s, int layer, int t0, int t1) {
+    if (!s->expert_hits) return;
+    const int E = c->num_experts, K = c->num_experts_per_tok;
+    for (int i = t0 * K; i < t1 * K; i++) s->expert_hits[(size_t)layer * E + s->topk_id[i]]++;
+}
+
 /* Counting sort of the T*K (token, slot) pairs by expert id. */
 static void init_routing(const q3_config *c, q3_state *s, int T) {
     const int E = c->num_experts, P = T * c->num_experts_per_tok;
@@ -89,11 +97,10 @@ static void run_local_experts(const q3_model *m, const q3_layer *L, q3_state *s,
 static void local_partial(const q3_model *m, const q3_layer *L, q3_state *s, int T, int layer) {
     const q3_config *c = &m->cfg;
     const q3_shard *sh = m->shard;
-    const int E = c->num_experts, K = c->num_experts_per_tok, H = c->hidden_size;
+    const int K = c->num_experts_per_tok, H = c->hidden_size;
     const int elo = sh->a.expert_lo, ehi = sh->a.expert_hi;
     init_routing(c, s, T);
-    if (s->expert_hits)
-        for (int e = 0; e < E; e++) s->expert_hits[(size_t)layer * E + e] += (uint64_t)s->expert_count[e];
+    count_hits(c, s, layer, 0, T);
     const int p0 = s->expert_offset[elo], p1 = s->expert_offset[ehi];
     /* The experts' input rows: xn itself, or (A8) each token's MXFP8 copy,
      * quantized once per token rather than once per (token, slot). s->proj
@@ -228,9 +235,10 @@ static float *alltoall_exchange(const q3_model *m, const q3_layer *L, q3_state *
 /* AlltoAll EP with the tokens replicated (decode, or prefill without SP):
  * the EP ranks take equal shares of the tokens, exchange, and allgather the
  * shares' outputs so that every rank again holds every token. */
-static void moe_forward_alltoall(const q3_model *m, const q3_layer *L, q3_state *s, int T) {
+static void moe_forward_alltoall(const q3_model *m, const q3_layer *L, q3_state *s, int T, int layer) {
     const int H = m->cfg.hidden_size, EP = m->shard->plan.moe_ep_size, me = m->shard->a.ep_rank;
     gating(&m->cfg, L, s, 0, T);
+    count_hits(&m->cfg, s, layer, 0, T);
     const int t_lo = range_lo(me, T, EP), t_hi = range_lo(me + 1, T, EP), blk = (T + EP - 1) / EP;
     float *mine = alltoall_exchange(m, L, s, t_lo, t_hi, T, 1);
     memset(mine + (size_t)(t_hi - t_lo) * H, 0, (size_t)(blk - (t_hi - t_lo)) * H * sizeof(float));
@@ -261,6 +269,7 @@ void q3_moe_forward_sp(const q3_model *m, const q3_layer *L, q3_state *s, int T,
     const int nr = T - lo < 0 ? 0 : T - lo < sl ? T - lo : sl;
     gating(c, L, s, lo, nr);
     if (s->a2a_send) {
+        count_hits(c, s, layer, lo, lo + nr); /* this rank's rows: the others' routing never reaches it */
         const float *y = alltoall_exchange(m, L, s, lo, lo + nr, T, 0);
         for (size_t i = 0; i < (size_t)nr * H; i++) s->x[(size_t)lo * H + i] += y[i];
         return;
@@ -296,7 +305,7 @@ void q3_moe_forward_sp(const q3_model *m, const q3_layer *L, q3_state *s, int T,
 
 void q3_moe_forward(const q3_model *m, const q3_layer *L, q3_state *s, int T, int layer) {
     if (m->shard && s->a2a_send) {
-        moe_forward_alltoall(m, L, s, T);
+        moe_forward_alltoall(m, L, s, T, layer);
         return;
     }
     if (m->shard) {
@@ -307,8 +316,7 @@ void q3_moe_forward(const q3_model *m, const q3_layer *L, q3_state *s, int T, in
     const int E = c->num_experts, K = c->num_experts_per_tok, H = c->hidden_size;
     gating(c, L, s, 0, T);
     init_routing(c, s, T);
-    if (s->expert_hits)
-        for (int e = 0; e < E; e++) s->expert_hits[(size_t)layer * E + e] += (uint64_t)s->expert_count[e];
+    count_hits(c, s, layer, 0, T);
     /* Gather each expert's rows, then its passes (run_local_experts). The
      * router read xn in fp32; the experts read the MXFP8 copy (A8). */
     const float *src = s->xq_in_proj ? s->proj : s->xn;
