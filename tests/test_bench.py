@@ -9,13 +9,17 @@ loaded.
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 Q3MOE = os.environ.get("Q3MOE", str(REPO / "build" / "q3moe"))
 Q3MOE_ASAN = os.environ.get("Q3MOE_ASAN", str(REPO / "build" / "asan" / "q3moe"))
+sys.path.insert(0, str(REPO / "tools"))
+import reference  # noqa: E402
 
 PROMPTS = [16, 32]
 STEPS, REPS, DEPTH = 4, 2, 128  # DEPTH: the default
@@ -157,6 +161,57 @@ def test_prefill_parts(report, model):
         total_ms = sum(v["ms"] for v in parts.values())
         assert total_ms == pytest.approx(p["matmul_flops"] / p["matmul_gflops"] / 1e6, rel=1e-9)
         assert f"{P} tokens, matmuls by part (ms, GFLOP/s, % peak): attention" in stdout
+
+
+def bench_ids(n, vocab, seed=0x5EED):
+    """The prompt ids bench uses (bench_fill_ids: splitmix64 from seed, mod vocab)."""
+    out, x, m = [], seed, (1 << 64) - 1
+    for _ in range(n):
+        x = (x + 0x9E3779B97F4A7C15) & m
+        z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        out.append((z ^ (z >> 31)) % vocab)
+    return out
+
+
+def reference_load(model, P):
+    """Bench's expert load buckets for a P-token prefill, from the reference
+    forward pass's own routing (softmax over all experts, top-k, ties to the
+    lower index)."""
+    m, counts = reference.Model(str(model)), {}
+    moe = m.moe
+
+    def counting_moe(l, h):
+        probs = reference.softmax(h @ m.w[f"model.layers.{l}.mlp.gate.weight"].T)
+        for t in range(len(h)):
+            for e in np.argsort(-probs[t], kind="stable")[: m.top_k]:
+                counts[(l, int(e))] = counts.get((l, int(e)), 0) + 1
+        return moe(l, h)
+
+    m.moe = counting_moe
+    m.forward(bench_ids(P, json.loads((model / "config.json").read_text())["vocab_size"]), m.new_cache())
+    tops = [(0, "0"), (8, "1-8"), (16, "9-16"), (32, "17-32"), (64, "33-64"), (128, "65-128")]
+    load = {label: 0 for _, label in tops} | {"129+": 0}
+    for l in range(m.n_layers):
+        if not m.sparse[l]:
+            continue
+        for e in range(m.n_experts):
+            n = counts.get((l, e), 0)
+            load[next((label for top, label in tops if n <= top), "129+")] += 1
+    return load
+
+
+def test_prefill_expert_load(report, model):
+    """How many (layer, expert) pairs got how many of the prompt's tokens:
+    the routing of the reference forward pass on the same ids."""
+    r, stdout = report[0], report[1]
+    c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
+    for p in r["prefill"]:
+        load, P = p["expert_load"], p["tokens"]
+        assert sum(load.values()) == sum(sparse) * E
+        assert load == reference_load(model, P), P
+        line = ", ".join(f"{k}: {v}" for k, v in load.items())
+        assert f"{P} tokens, experts by tokens routed to them (sparse layers x experts, first rep): {line}" in stdout
 
 
 def test_decode(report, model):

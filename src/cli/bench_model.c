@@ -121,18 +121,49 @@ static void sample_read(bench_ceilings *cl) {
     for (int i = 0; i < READS_PER_SAMPLE; i++) bench_beside_add(&cl->read, bench_read_pass(cl->read_p, cl->read_bytes));
 }
 
+const char *bench_load_label(int bucket) {
+    static const char *const labels[BENCH_LOAD_BUCKETS] = {"0", "1-8", "9-16", "17-32", "33-64", "65-128", "129+"};
+    return bucket >= 0 && bucket < BENCH_LOAD_BUCKETS ? labels[bucket] : "?";
+}
+
+void bench_expert_load(const q3_model *m, const uint64_t *after, const uint64_t *before, uint64_t load[BENCH_LOAD_BUCKETS]) {
+    static const uint64_t top[BENCH_LOAD_BUCKETS - 1] = {0, 8, 16, 32, 64, 128}; /* each bucket's largest count */
+    const int E = m->cfg.num_experts;
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        if (!m->layers[l].sparse) continue;
+        for (int e = 0; e < E; e++) {
+            const uint64_t n = after[(size_t)l * E + e] - before[(size_t)l * E + e];
+            int b = 0;
+            while (b < BENCH_LOAD_BUCKETS - 1 && n > top[b]) b++;
+            load[b]++;
+        }
+    }
+}
+
 int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms,
-                      q3_matmul_stats *mm, bench_ceilings *cl) {
+                      q3_matmul_stats *mm, bench_ceilings *cl, uint64_t load[BENCH_LOAD_BUCKETS]) {
+    const q3_config *c = &se->model.cfg;
+    const size_t nh = load && se->state.expert_hits ? (size_t)c->num_layers * c->num_experts : 0;
+    uint64_t *before = nh ? q3_malloc(nh * sizeof *before) : NULL;
+    if (load) memset(load, 0, BENCH_LOAD_BUCKETS * sizeof *load);
+    int rc = 0;
     q3_matmul_stats_reset();
-    for (int r = 0; r < reps; r++) {
+    for (int r = 0; rc == 0 && r < reps; r++) {
         sample_fma(cl);
         q3_state_reset(&se->state);
+        if (r == 0 && nh) memcpy(before, se->state.expert_hits, nh * sizeof *before);
         double t0 = now_ms();
-        if (q3_forward(&se->model, &se->state, ids, P, se->logits, 0)) return -1;
+        if (q3_forward(&se->model, &se->state, ids, P, se->logits, 0)) {
+            rc = -1;
+            break;
+        }
         (void)session_sample(se, smp);
         ms[r] = now_ms() - t0;
+        if (r == 0 && nh) bench_expert_load(&se->model, se->state.expert_hits, before, load);
         bench_log("prefill %d tokens, rep %d/%d: %.2f ms\n", P, r + 1, reps, ms[r]);
     }
+    free(before);
+    if (rc) return rc;
     *mm = q3_matmul_stats_get();
     sample_fma(cl);
     return 0;

@@ -40,11 +40,24 @@ double bench_expert_bytes(const q3_model *m, const uint64_t *hits);
 /* K and V cache bytes attention reads for a token at position pos. */
 double bench_kv_bytes(const q3_config *c, int pos);
 
+/* The expert load of a prefill: how many (sparse layer, expert) pairs got
+ * how many of its tokens, in buckets of 0, 1-8 (the few-token kernels),
+ * 9-16, 17-32, 33-64, 65-128 and more tokens (a prompt longer than a
+ * forward chunk: its chunks summed). The deep layers of a random-weight
+ * checkpoint route far less evenly than the first, which moves the
+ * experts' GFLOP/s. */
+enum { BENCH_LOAD_BUCKETS = 7 };
+const char *bench_load_label(int bucket);
+/* load[b] += the pairs whose count (after - before, [layers][experts]) falls in bucket b. */
+void bench_expert_load(const q3_model *m, const uint64_t *after, const uint64_t *before, uint64_t load[BENCH_LOAD_BUCKETS]);
+
 /* Times reps prefills of P tokens, each after q3_state_reset and ending
  * with the first token sampled by smp (as generate does); ms[reps]. *mm:
- * their matmul time and flops. cl: NULL, or ceilings to sample beside. */
+ * their matmul time and flops. cl: NULL, or ceilings to sample beside.
+ * load: NULL, or the expert load of the first repetition (zeroed here;
+ * needs state.expert_hits). */
 int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms,
-                      q3_matmul_stats *mm, bench_ceilings *cl);
+                      q3_matmul_stats *mm, bench_ceilings *cl, uint64_t load[BENCH_LOAD_BUCKETS]);
 /* reps x (reset, untimed prefill of `depth` ids, n timed single-token steps,
  * each a forward pass and a sample); ms[reps * n]. The steps feed ids, not
  * the sampled tokens, so every run sees the same tokens. hits_delta

@@ -130,6 +130,14 @@ void bench_print_table(FILE *f, const bench_results *r) {
                             pct(p->part_gflops[q], peak_gflops(r)));
             fprintf(f, "\n");
         }
+        for (int i = 0; i < r->n_prefill; i++) {
+            const bench_prefill_result *p = &r->prefill[i];
+            if (!p->has_load) continue;
+            fprintf(f, "  %d tokens, experts by tokens routed to them (sparse layers x experts, first rep):", p->tokens);
+            for (int b = 0; b < BENCH_LOAD_BUCKETS; b++)
+                fprintf(f, " %s: %llu%s", bench_load_label(b), (unsigned long long)p->load[b], b + 1 < BENCH_LOAD_BUCKETS ? "," : "");
+            fprintf(f, "\n");
+        }
     }
     const bench_decode_result *d = &r->decode;
     if (d->ran) {
@@ -322,6 +330,10 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
                 json_t *e = add_object(parts, q3_mm_part_name((q3_mm_part)q));
                 set_num(e, "ms", p->part_ms[q]);
                 set_num(e, "gflops", p->part_gflops[q]);
+            }
+            if (p->has_load) {
+                json_t *ld = add_object(o, "expert_load");
+                for (int b = 0; b < BENCH_LOAD_BUCKETS; b++) set_int(ld, bench_load_label(b), (long long)p->load[b]);
             }
         }
         json_object_set_new(root, "prefill", pa);

@@ -6,6 +6,7 @@
 
 #include "cli/bench_comm.h"
 #include "cli/bench_machine.h"
+#include "cli/bench_model.h"
 #include "cli/bench_ttft.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
@@ -22,6 +23,8 @@ typedef struct {
     double mm_share;    /* fraction of the prefill time spent in matmuls */
     double part_ms[Q3_MM_PARTS];     /* per prefill, inside each part's matmuls (mean over reps) */
     double part_gflops[Q3_MM_PARTS]; /* each part's matmul flops / its time there */
+    int has_load;                    /* MoE, with every token's routing counted on this rank */
+    uint64_t load[BENCH_LOAD_BUCKETS]; /* bench_expert_load of the first rep */
 } bench_prefill_result;
 
 typedef struct {

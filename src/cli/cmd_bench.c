@@ -37,10 +37,11 @@ static void usage(FILE *f) {
             "       q3moe bench --membw [-t THREADS] [--membw-mb MB]   (machine measurements only)\n\n"
             "Measures prefill and single-batch decode speed, the weight bytes each decode token\n"
             "reads (and per model part, the GB/s its matmuls stream them at; for prefill, their\n"
-            "GFLOP/s), time to first token of a fresh process (cold and warm page cache), peak\n"
-            "RSS and how much of a mapped model has 2 MiB page entries, next to this machine's\n"
-            "measured memory read bandwidth and FMA peak (measured at the end and again between\n"
-            "the timed repetitions; percentages are of the best seen), naming the kernels in use\n"
+            "GFLOP/s, and how many experts got how many of the prompt's tokens), time to first\n"
+            "token of a fresh process (cold and warm page cache), peak RSS and how much of a\n"
+            "mapped model has 2 MiB page entries, next to this machine's measured memory read\n"
+            "bandwidth and FMA peak (measured at the end and again between the timed\n"
+            "repetitions; percentages are of the best seen), naming the kernels in use\n"
             "(Q3MOE_ISA=scalar|avx2|avx512|avx512bf16 forces a table). The table goes to stdout,\n"
             "progress to stderr. See BENCHMARKS.md for what each number means.\n\n"
             "  -m DIR            Hugging Face checkpoint directory, or a .q3m file (q3moe convert)\n"
@@ -183,7 +184,8 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         const int P = plen[i];
         if (r->comm_stats) bench_comm_begin(&r->prefill_comm[i], &s->state, "prefill", c->num_layers);
         q3_matmul_stats mm;
-        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms, &mm, &r->beside);
+        uint64_t load[BENCH_LOAD_BUCKETS];
+        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms, &mm, &r->beside, nh ? load : NULL);
         if (r->comm_stats) bench_comm_end(&r->prefill_comm[i], &s->state, rc ? 0 : sum_ms(ms, (int)reps) / 1e3, (double)reps);
         if (rc) break;
         bench_prefill_result *p = &r->prefill[r->n_prefill++];
@@ -202,6 +204,9 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
             p->part_ms[q] = mm.part_seconds[q] * 1e3 / (double)reps;
             p->part_gflops[q] = mm.part_seconds[q] > 0 ? mm.part_flops[q] / mm.part_seconds[q] / 1e9 : 0;
         }
+        /* A sequence-parallel prefill with AlltoAll EP counts only this rank's rows. */
+        p->has_load = nh && !(P > 1 && s->state.sp_rows && s->state.a2a_send);
+        if (p->has_load) memcpy(p->load, load, sizeof load);
     }
 
     if (rc == 0 && n_dec > 0) {
