@@ -351,7 +351,7 @@ static void sp_mlp(const q3_model *m, q3_state *s, int l, int T) {
     dense_mlp_rows(m, L, s, T);
     memset(s->proj + (size_t)T * H, 0, (size_t)(P * sl - T) * H * sizeof(float));
     q3_comm_reduce_scatter_sum(sh->g.attn_tp, s->proj, s->sp_out, (size_t)sl * H);
-    for (size_t i = 0; i < (size_t)nr * H; i++) s->x[(size_t)lo * H + i] += s->sp_out[i];
+    q3_add_rows(s->x + (size_t)lo * H, s->sp_out, nr, H);
 }
 
 /* The layers of one SP chunk; then rows [need, T) of s->x hold the final

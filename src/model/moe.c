@@ -219,9 +219,10 @@ static float *alltoall_exchange(const q3_model *m, const q3_layer *L, q3_state *
         memcpy(s->a2a_send + (size_t)s->perm[p] * H, s->h_out + p * H, (size_t)H * sizeof(float));
     q3_comm_alltoallv_rows(sh->g.moe_ep, s->a2a_send, recv_n, s->a2a_recv, send_n, (size_t)H, 0, NULL);
     float *y = s->a2a_send;
-    memset(y, 0, (size_t)(t_hi - t_lo) * H * sizeof(float));
+#pragma omp parallel for schedule(static) if (t_hi - t_lo >= Q3_PAR_ROWS)
     for (int t = t_lo; t < t_hi; t++) {
         float *yt = y + (size_t)(t - t_lo) * H;
+        memset(yt, 0, (size_t)H * sizeof(float));
         for (int j = 0; j < K; j++) {
             const float w = s->topk_w[t * K + j], *o = s->a2a_recv + (size_t)s->a2a_pos[t * K + j] * H;
             for (int h = 0; h < H; h++) yt[h] += w * o[h];
@@ -245,11 +246,7 @@ static void moe_forward_alltoall(const q3_model *m, const q3_layer *L, q3_state 
     q3_comm_allgather(m->shard->g.moe_ep, mine, (size_t)blk * H, s->a2a_recv);
     for (int src = 0; src < EP; src++) {
         const int a = range_lo(src, T, EP), b = range_lo(src + 1, T, EP);
-        for (int t = a; t < b; t++) {
-            const float *y = s->a2a_recv + ((size_t)src * blk + (size_t)(t - a)) * H;
-            float *x = s->x + (size_t)t * H;
-            for (int h = 0; h < H; h++) x[h] += y[h];
-        }
+        q3_add_rows(s->x + (size_t)a * H, s->a2a_recv + (size_t)src * blk * H, b - a, H);
     }
 }
 
@@ -271,7 +268,7 @@ void q3_moe_forward_sp(const q3_model *m, const q3_layer *L, q3_state *s, int T,
     if (s->a2a_send) {
         count_hits(c, s, layer, lo, lo + nr); /* this rank's rows: the others' routing never reaches it */
         const float *y = alltoall_exchange(m, L, s, lo, lo + nr, T, 0);
-        for (size_t i = 0; i < (size_t)nr * H; i++) s->x[(size_t)lo * H + i] += y[i];
+        q3_add_rows(s->x + (size_t)lo * H, y, nr, H);
         return;
     }
     for (int t = lo; t < lo + sl; t++) {   /* row: hidden, K ids (exact in fp32), K weights */
@@ -300,7 +297,7 @@ void q3_moe_forward_sp(const q3_model *m, const q3_layer *L, q3_state *s, int T,
     memset(s->proj + (size_t)T * H, 0, (size_t)(EP * sl - T) * H * sizeof(float));
     q3_comm_reduce_scatter_sum(sh->g.moe_ep, s->proj, s->sp_out, (size_t)sl * H);
     q3_shard_allreduce(sh->g.moe_tp, s->sp_out, (size_t)sl * H);
-    for (size_t i = 0; i < (size_t)nr * H; i++) s->x[(size_t)lo * H + i] += s->sp_out[i];
+    q3_add_rows(s->x + (size_t)lo * H, s->sp_out, nr, H);
 }
 
 void q3_moe_forward(const q3_model *m, const q3_layer *L, q3_state *s, int T, int layer) {
