@@ -69,17 +69,42 @@ static int chunk_of(int T) {
     return ((T + n - 1) / n + 15) / 16 * 16;
 }
 
-/* Products of PAIR_MIN .. PAIR_MAX tokens run as pairs: 3 vectors of 8
- * tokens, each lane for one of two consecutive k (lane 2 t + j of vector
- * v: token 8 v + t, k = 2 kp + j), against the rows' weights broadcast two
- * at a time; the two halves of each token's sum are added at the end.
- * That is the 3-vector tile, where 16-token lanes took a padded second
- * vector (T = 23, 24) or a 16-row tile and 4-6 remainder tokens (T = 20-22).
- * kernel_bench 384 2048 T, one thread, GFLOP/s: T = 20 118 -> 128, 22 121
- * -> 141, 23 110 -> 148, 24 115 -> 154; but 17 120 -> 109, 19 the same. */
-enum { PAIR_MIN = 20, PAIR_MAX = 24, PAIR_V = 3 };
+/* Pairs: a product can also run as chunks of up to 3 vectors of 8 tokens,
+ * each lane for one of two consecutive k (lane 2 t + j of vector v: token
+ * 8 v + t, k = 2 kp + j), against the rows' weights broadcast two at a
+ * time; the two halves of each token's sum are added at the end. That pads
+ * to 8 tokens instead of 16 and needs no remainder reductions.
+ * paired() picks the layout with fewer lanes to compute, counting a
+ * remainder token as 4 lanes, the 16-row tile of a lone vector (16 rows x
+ * 1 vector) 1.25x its lanes, and a last pair chunk of one vector 4 more
+ * (each ran below the tiles' rate). kernel_bench 768 2048 T, one thread,
+ * best of five, GFLOP/s (16 lanes -> pairs): T = 12 108 -> 130, 16 141 ->
+ * 172, 17 126 -> 134, 20 123 -> 154, 24 142 -> 199, 36 173 -> 183, 40 167
+ * -> 202, 56 170 -> 185, 72 174 -> 198; the 16-lane layout kept: T = 9 75
+ * against 68, 25 149 / 142, 32 197 / 186, 33 177 / 166, 41 179 / 170, 64
+ * 199 / 186, 80 204 / 196. q30b8 BF16 prefill 512, both rules in one
+ * process, eight alternating rounds: experts 1.1 % (median) faster than
+ * with pairs for T = 20-24 only, 2.6 % than with no pairs. Each pair
+ * chunk keeps its sums in its own part of the row group's pst. */
+enum { PAIR_MIN = 12, PAIR_V = 3, PAIR_CHUNK = 8 * PAIR_V };
 
-static int paired(int T) { return T >= PAIR_MIN && T <= PAIR_MAX; }
+/* Vectors of 8 paired tokens for a chunk of tc tokens. */
+static inline int pair_vectors(int tc) { return (tc + 7) / 8; }
+
+static int lanes_16(int T) {
+    const int cs = chunk_of(T);
+    int lanes = 0;
+    for (int t0 = 0; t0 < T; t0 += cs) {
+        int tv, rem;
+        q3_split_tokens(T - t0 < cs ? T - t0 : cs, REM_MAX, &tv, &rem);
+        lanes += 16 * tv + 4 * rem;
+    }
+    return T <= cs && lanes < 32 ? lanes * 5 / 4 : lanes;
+}
+
+static int lanes_pairs(int T) { return 8 * pair_vectors(T) + (pair_vectors(T % PAIR_CHUNK) == 1 ? 4 : 0); }
+
+static int paired(int T) { return T >= PAIR_MIN && lanes_pairs(T) < lanes_16(T); }
 
 /* The lanes of the MX decoders that widen rows of dtype wt and K columns:
  * AVX-512's (gemv_mx_avx512.c, 4) where the CPU has AVX512BW and K fits
@@ -124,11 +149,11 @@ static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_d
     }
 }
 
-/* The paired panel of T <= PAIR_MAX tokens: ap[kp][16 v + 2 t + j] =
- * x[8 v + t][2 kp + j] for v < PAIR_V (zero past T). */
+/* The paired panel of T <= PAIR_CHUNK tokens: ap[kp][16 v + 2 t + j] =
+ * x[8 v + t][2 kp + j] for v < pair_vectors(T) (zero past T). */
 static void pack_pairs(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     x = mx_permuted(x, &ldx, T, K, wt);
-    const int TP = 16 * PAIR_V;
+    const int NV = pair_vectors(T), TP = 16 * NV;
     if (ldx > (size_t)INT32_MAX / 16) { /* gather offsets are 32-bit */
         for (int kp = 0; kp < K / 2; kp++)
             for (int l = 0; l < TP; l++) ap[(size_t)kp * TP + l] = l / 2 < T ? x[(size_t)(l / 2) * ldx + 2 * kp + l % 2] : 0.0f;
@@ -137,7 +162,7 @@ static void pack_pairs(float *ap, const float *x, size_t ldx, int T, int K, q3_d
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(lane, 1), _mm512_set1_epi32((int)ldx)),
                                          _mm512_and_si512(lane, _mm512_set1_epi32(1)));
-    for (int v = 0; v < PAIR_V; v++) {
+    for (int v = 0; v < NV; v++) {
         const int n = T - 8 * v >= 8 ? 8 : T - 8 * v; /* tokens in this vector */
         const __mmask16 m = (__mmask16)((1u << (2 * n)) - 1);
         const float *base = x + (size_t)(8 * v) * ldx;
@@ -148,11 +173,12 @@ static void pack_pairs(float *ap, const float *x, size_t ldx, int T, int K, q3_d
 
 /* Chunks of chunk_of(T) tokens, the one from token t0 at ap + t0 * K: at
  * most T * K + REM_MAX * PAD floats in all, or (T rounded up to 16) * K
- * where the last chunk pads a vector; paired products as pairs
- * (pack_pairs), 24 * K floats. */
+ * where the last chunk pads a vector; paired products as chunks of
+ * PAIR_CHUNK tokens (pack_pairs), (T rounded up to 8) * K floats. */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     if (paired(T)) {
-        pack_pairs(ap, x, ldx, T, K, wt);
+        for (int t0 = 0; t0 < T; t0 += PAIR_CHUNK)
+            pack_pairs(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, T - t0 < PAIR_CHUNK ? T - t0 : PAIR_CHUNK, K, wt);
         return;
     }
     const int cs = chunk_of(T);
@@ -342,12 +368,12 @@ static void rem_dots(__m512 *part, const float *wb, int ws, const float *xr, int
     }
 }
 
-/* stage[r * ts + 8 v + t] for r < ROWS, v < PAIR_V, t < 8: each token's
+/* stage[r * ts + 8 v + t] for r < ROWS, v < nv, t < 8: each token's
  * two halves (paired lanes 2 t and 2 t + 1 of pst[r * 16 PAIR_V + 16 v])
  * added. */
-static void pair_sums(float *stage, int ts, const float *pst) {
+static void pair_sums(float *stage, int ts, const float *pst, int nv) {
     for (int r = 0; r < ROWS; r++)
-        for (int v = 0; v < PAIR_V; v++) {
+        for (int v = 0; v < nv; v++) {
             const __m512 x = _mm512_loadu_ps(pst + (size_t)r * 16 * PAIR_V + 16 * v);
             const __m512 s = _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));
             _mm256_storeu_ps(stage + (size_t)r * ts + 8 * v, _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, s)));
@@ -362,8 +388,11 @@ static void pair_sums(float *stage, int ts, const float *pst) {
 INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k0, int kc, const float *wb, int ws,
                        const int G, int pair, float *pst, __m512 *part, next_rows *nx, widen_job *wj) {
     if (G == ROWS && pair) {
-        tile(pst, 16 * PAIR_V, apc, k0, kc, wb, ws, ROWS, PAIR_V, 1, nx, wj);
-        if (k0 + kc == K) pair_sums(st, ts, pst);
+        const int nv = pair_vectors(tc);
+        if (nv == 3) tile(pst, 16 * PAIR_V, apc, k0, kc, wb, ws, ROWS, 3, 1, nx, wj);
+        else if (nv == 2) tile(pst, 16 * PAIR_V, apc, k0, kc, wb, ws, ROWS, 2, 1, nx, wj);
+        else tile(pst, 16 * PAIR_V, apc, k0, kc, wb, ws, ROWS, 1, 1, nx, wj);
+        if (k0 + kc == K) pair_sums(st, ts, pst, nv);
         return;
     }
     int tv, rem;
@@ -411,7 +440,7 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
         next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + G) * rs, nrows > 0 ? (size_t)nrows * rs : 0, sh->steps);
         float *st = stage + (size_t)at * ts;
         __m512 part[2 * ROWS * REM_MAX];
-        float pst[ROWS * 16 * PAIR_V] __attribute__((aligned(64)));
+        float pst[(Q3_BC_TOKENS_MAX / PAIR_CHUNK + 1) * ROWS * 16 * PAIR_V] __attribute__((aligned(64)));
         for (int k0 = 0; k0 < K; k0 += KB) {
             const int kc = K - k0 < KB ? K - k0 : KB;
             if (piped) {
@@ -432,11 +461,12 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
                     widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
             for (int t0 = 0; t0 < T; t0 += cs) {
                 const int tc = T - t0 < cs ? T - t0 : cs;
-                if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, sh->pair, pst, part, &nx, &wj);
+                float *pc = pst + (size_t)(t0 / cs) * ROWS * 16 * PAIR_V;
+                if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, sh->pair, pc, part, &nx, &wj);
                 else if (block == BLOCK)
-                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, sh->pair, pst, part, &nx, &wj);
+                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, sh->pair, pc, part, &nx, &wj);
                 else
-                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, sh->pair, pst, part, &nx,
+                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, sh->pair, pc, part, &nx,
                                &wj);
             }
         }
@@ -452,9 +482,9 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
                                                : (W->rs ? W->rs : (size_t)K) * (W->dtype == Q3_F32 ? 4 : 2);
     /* Stage row: each chunk's tokens (the last one's padded lanes too). */
     int tv, rem, ts;
-    const int cs = chunk_of(T), last = (T - 1) / cs * cs, pair = paired(T);
+    const int pair = paired(T), cs = pair ? PAIR_CHUNK : chunk_of(T), last = (T - 1) / cs * cs;
     q3_split_tokens(T - last, REM_MAX, &tv, &rem);
-    ts = pair ? 8 * PAIR_V : last + 16 * tv + rem;
+    ts = pair ? (T + 7) / 8 * 8 : last + 16 * tv + rem;
     /* Steps of k over which the next rows are prefetched: the first chunk's tile, or its remainder's. */
     q3_split_tokens(T < cs ? T : cs, REM_MAX, &tv, &rem);
     const int steps = tv || pair ? K / 2 : (K / 16) * ((rem + 2) / 3);
@@ -470,8 +500,9 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
     const int whole = q3_dtype_is_mxfp(W->dtype) && mx_lanes(W->dtype, K) != 4,
               block = T > cs || W->dtype == Q3_MXFP4 ? BLOCK_CHUNKS : BLOCK;
     const int KB = whole ? K : block, ws = whole ? K + PAD : block + PAD;
-    /* Rows per group: 16 where the products are one token vector (T <= 22,
-     * unpaired; 8 accumulators would wait on the FMA latency), else 8. */
+    /* Rows per group: 16 where the products are one token vector (T <= 22
+     * and unpaired, which leaves 9-11; 8 accumulators would wait on the FMA
+     * latency), else 8. */
     const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, whole, pair, rs, steps};
     if (!pair && T <= cs && tv == 1) row_groups(out, ldo, W, r0, r1, wbuf, &sh, 2 * ROWS);
     else row_groups(out, ldo, W, r0, r1, wbuf, &sh, ROWS);

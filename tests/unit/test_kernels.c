@@ -129,11 +129,18 @@ static void test_matmul(void) {
         check_matmul(Q3_F16, 23, 18, 160);
         check_matmul(Q3_BF16, 24, 37, 272);
         /* AVX-512 fp32 lanes in chunks of 48 against the same widened rows:
-         * two chunks (the second a remainder of 4), three with a padded
+         * two chunks (the second with a remainder of 3), three with a padded
          * last one, the most one call takes. */
-        check_matmul(Q3_BF16, 52, 21, 768);
+        check_matmul(Q3_BF16, 51, 21, 768);
         check_matmul(Q3_F16, 111, 13, 96);
         check_matmul(Q3_F32, 128, 11, 160);
+        /* AVX-512 paired lanes (8 tokens x 2 k per vector) in chunks of 24:
+         * one chunk of two vectors, the second partial; 3 + 2 vectors; 3 + 3
+         * + 1 with a partial last vector and row group; 3 + 3 + 3 + 3 + 1. */
+        check_matmul(Q3_F32, 13, 17, 64);
+        check_matmul(Q3_BF16, 40, 24, 2048);
+        check_matmul(Q3_F16, 53, 19, 96);
+        check_matmul(Q3_BF16, 100, 9, 272);
         /* The AVX2 weights-broadcast GEMM takes up to 128 tokens: odd and
          * even token-vector counts, K past one column block with a short
          * last block, the first size past its limit (panel GEMM). */
