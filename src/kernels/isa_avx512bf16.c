@@ -300,8 +300,13 @@ INLINE __m512i fold(__m512i w, __m512i add) {
     return _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x7fff)), w, add);
 }
 
-/* Row r of W as K scaled bf16 words in a8_prep order. */
-static void decode_row(uint16_t *dst, const q3_mat *W, int r) {
+/* Row r of W as K scaled bf16 words in a8_prep order. Not inlined: in
+ * gemm_a8 its decode tables stayed in 4 registers across the tile, so the
+ * 3-vector tile (24 accumulators) spilled one of them to the stack every
+ * step. kernel_bench mx 1536 2048, one thread, MXFP4 A8, best of three,
+ * GFLOP/s: T = 36 191 -> 258, 40 218 -> 293, 48 254 -> 343; q30b8 W4A8
+ * prefill 512: attention matmuls 401-410 -> 320-351 ms. */
+static __attribute__((noinline)) void decode_row(uint16_t *dst, const q3_mat *W, int r) {
     const int K = W->cols, nb = K / 32;
     const uint8_t *sc = W->scales + (size_t)r * nb;
     if (W->dtype == Q3_MXFP4) {
