@@ -268,7 +268,7 @@ void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1
     const size_t eb = q3_mx_elem_bytes(W->dtype, (size_t)K);
     const float *wtab = q3_mx_scale_table(W->dtype), *fs = fs_of((void *)xq, K, W->dtype);
     const uint8_t *el = W->data, *sc = W->scales;
-    const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
+    const size_t pf = Q3_PF_WEIGHTS, spf = q3_pf_scales((size_t)nb);
     for (int r = r0; r < r1; r++) {
         const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
         _mm_prefetch((const char *)s + spf, _MM_HINT_T0);

@@ -280,7 +280,7 @@ INLINE void row_tokens(float *out, size_t ldo, const uint8_t *e, const uint8_t *
 
 void q3_avx512vnni_gemv_i8_tokens(float *out, size_t ldo, const void *xq, size_t xs, int T, const q3_mat *W, int r0, int r1) {
     const int K = W->cols, nb = K / 32;
-    const size_t eb = q3_mx_elem_bytes(Q3_MXFP4, (size_t)K), pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
+    const size_t eb = q3_mx_elem_bytes(Q3_MXFP4, (size_t)K), pf = Q3_PF_WEIGHTS, spf = q3_pf_scales((size_t)nb);
     const float *wtab = q3_mx_scale_table(Q3_MXFP4);
     const uint8_t *el = W->data, *sc = W->scales;
     /* Token blocks outside, as gemv_mx_avx512.c's: a block's copies stay in L1 while the rows pass. */
@@ -308,7 +308,7 @@ void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, 
     const size_t eb = q3_mx_elem_bytes(W->dtype, (size_t)K);
     const float *wtab = q3_mx_scale_table(W->dtype), *fg = fg_of(xq, K, W->dtype);
     const uint8_t *el = W->data, *sc = W->scales, *ua = xq, *sx = ua + K;
-    const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
+    const size_t pf = Q3_PF_WEIGHTS, spf = q3_pf_scales((size_t)nb);
     for (int r = r0; r < r1; r++) {
         const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
         _mm_prefetch((const char *)s + spf, _MM_HINT_T0);

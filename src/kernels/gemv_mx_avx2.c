@@ -215,7 +215,7 @@ INLINE void gemv_t(float *out, size_t ldo, const float *xb, size_t xs, const q3_
     const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K;
     const uint8_t *el = W->data, *sc = W->scales;
-    const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
+    const size_t pf = Q3_PF_WEIGHTS, spf = q3_pf_scales((size_t)nb);
     const __m256i lut_hi = _mm256_loadu_si256((const __m256i *)g_fp4_hi),
                   lut_lo = _mm256_loadu_si256((const __m256i *)g_fp4_lo);
     for (int r = r0; r < r1; r++) {

@@ -130,7 +130,7 @@ typedef struct {
 static mx_rows mx_rows_of(const q3_mat *W) {
     const int K = W->cols, nb = K / 32;
     const size_t eb = W->dtype == Q3_MXFP4 ? (size_t)K / 2 : (size_t)K;
-    mx_rows m = {W->data, W->scales, eb, q3_pf_weights(eb), q3_pf_scales((size_t)nb), nb, q3_mx_copy_scale_table(W->dtype), {0}, {0}};
+    mx_rows m = {W->data, W->scales, eb, Q3_PF_WEIGHTS, q3_pf_scales((size_t)nb), nb, q3_mx_copy_scale_table(W->dtype), {0}, {0}};
     fp4_luts(&m.lut_hi, &m.lut_lo);
     return m;
 }

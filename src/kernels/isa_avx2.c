@@ -37,7 +37,7 @@ INLINE float hsum(__m256 v) {
  * its page edges (prefetch.h). Four accumulators hide the FMA latency. */
 INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt) {
     const int K = W->cols, k32 = K & ~31, k8 = K & ~7;
-    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = q3_pf_weights(rs * es);
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = Q3_PF_WEIGHTS;
     const void *d = W->data;
     for (int r = r0; r < r1; r++) {
         const size_t o = (size_t)r * rs;
@@ -222,7 +222,7 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
 INLINE void small_block(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, int TB,
                         q3_dtype dt) {
     const int K = W->cols;
-    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = q3_pf_weights(rs * es);
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = Q3_PF_WEIGHTS;
     const char *d = W->data;
     __m256 acc[2][6];
 #pragma GCC unroll 6

@@ -29,7 +29,7 @@ INLINE __m512 load16(const void *base, size_t idx, q3_dtype dt) {
  * prefetch.h says), four accumulators. */
 INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt) {
     const int K = W->cols, k64 = K & ~63, k16 = K & ~15;
-    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = q3_pf_weights(rs * es);
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = Q3_PF_WEIGHTS;
     const void *d = W->data;
     for (int r = r0; r < r1; r++) {
         const size_t o = (size_t)r * rs;
@@ -76,7 +76,7 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
 INLINE void small_block(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, const int TB,
                         q3_dtype dt) {
     const int K = W->cols;
-    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = q3_pf_weights(rs * es);
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = Q3_PF_WEIGHTS;
     const size_t o0 = (size_t)r * rs, o1 = o0 + rs;
     const char *d = W->data;
     __m512 acc[2][8];

@@ -217,7 +217,7 @@ INLINE void gemv_a8_t(float *out, size_t ldo, const uint16_t *xb, size_t xs, con
     const int K = W->cols, nb = K / 32;
     const uint8_t *el = W->data, *sc = W->scales;
     const size_t eb = W->dtype == Q3_MXFP4 ? (size_t)K / 2 : (size_t)K;
-    const size_t pf = q3_pf_weights(eb), spf = q3_pf_scales((size_t)nb);
+    const size_t pf = Q3_PF_WEIGHTS, spf = q3_pf_scales((size_t)nb);
     if (W->dtype == Q3_MXFP4) {
         const __m512i lut = _mm512_loadu_si512(g_fp4_w);
         for (int r = r0; r < r1; r++) {

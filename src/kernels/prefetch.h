@@ -2,24 +2,28 @@
  * from DRAM. The hardware prefetchers stop at every 4 KiB page edge, and on
  * some cores (the Intel Xeon measured in BENCHMARKS.md) they keep too few
  * lines in flight for one core's share of the bandwidth: each step asks
- * for the line Q3_PF_ROWS rows (at least Q3_PF_BYTES) ahead of the one it
- * reads, and each row for its scales Q3_PF_ROWS rows (at least
- * Q3_SC_PF_BYTES) ahead. The scale floor is for short rows: the down
- * projection's 24 bytes of scales per row were requested 1.5 lines ahead,
- * now 4 (kernel_bench moe, four rounds: down pass 36.0-38.5 -> 42.2-45.4
- * GB/s). Include after the file's target pragma. */
+ * for the line Q3_PF_WEIGHTS bytes ahead of the one it reads, and each row
+ * for its scales Q3_PF_ROWS rows (at least Q3_SC_PF_BYTES) ahead.
+ *
+ * The weight distance is fixed, not a number of rows: on the AMD EPYC
+ * (Zen 5) of BENCHMARKS.md, decode steps of q30b8 alternating in one
+ * process between two distances, 100 steps each, ran the MXFP8 lm_head
+ * 7.4-7.8 -> 6.4-6.7 ms and the whole W4A8 step 5-10 % faster with 3.5 KiB
+ * than with 4 rows (8 KiB for its 2 KiB rows), and the BF16 step 2-4 %
+ * (16 KiB before). Distances of 3-3.75, 5, 6 and 9 KiB all did about as
+ * well; 4 and 8 KiB, 2 and 2.5 KiB did not. (The Intel Xeon was tuned with
+ * 4 rows and not measured again.) The scale floor is for short rows: the
+ * down projection's 24 bytes of scales per row were requested 1.5 lines
+ * ahead, now 4 (kernel_bench moe, four rounds: down pass 36.0-38.5 ->
+ * 42.2-45.4 GB/s). Q3_PF_BYTES is the distance of the AVX2 GEMMs' weight
+ * prefetch. Include after the file's target pragma. */
 #ifndef Q3_PREFETCH_H
 #define Q3_PREFETCH_H
 
 #include <immintrin.h>
 #include <stddef.h>
 
-enum { Q3_PF_BYTES = 4096, Q3_PF_ROWS = 4, Q3_SC_PF_BYTES = 256 };
-
-/* How far ahead of the element stream (rows of row_bytes) to prefetch. */
-static inline size_t q3_pf_weights(size_t row_bytes) {
-    return Q3_PF_ROWS * row_bytes > Q3_PF_BYTES ? Q3_PF_ROWS * row_bytes : Q3_PF_BYTES;
-}
+enum { Q3_PF_WEIGHTS = 3584, Q3_PF_BYTES = 4096, Q3_PF_ROWS = 4, Q3_SC_PF_BYTES = 256 };
 
 /* How far ahead of the scale stream (nb scale bytes per row). */
 static inline size_t q3_pf_scales(size_t nb) {
