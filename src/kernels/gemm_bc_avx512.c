@@ -80,17 +80,24 @@ static int chunk_of(int T) {
  * (each ran below the tiles' rate). kernel_bench 768 2048 T, one thread,
  * best of five, GFLOP/s (16 lanes -> pairs): T = 12 108 -> 130, 16 141 ->
  * 172, 17 126 -> 134, 20 123 -> 154, 24 142 -> 199, 36 173 -> 183, 40 167
- * -> 202, 56 170 -> 185, 72 174 -> 198; the 16-lane layout kept: T = 9 75
- * against 68, 25 149 / 142, 32 197 / 186, 33 177 / 166, 41 179 / 170, 64
- * 199 / 186, 80 204 / 196. q30b8 BF16 prefill 512, both rules in one
- * process, eight alternating rounds: experts 1.1 % (median) faster than
- * with pairs for T = 20-24 only, 2.6 % than with no pairs. Each pair
- * chunk keeps its sums in its own part of the row group's pst. */
-enum { PAIR_MIN = 12, PAIR_V = 3, PAIR_CHUNK = 8 * PAIR_V };
+ * -> 202, 56 170 -> 185, 72 174 -> 198; the 16-lane layout kept: T = 25
+ * 149 / 142, 32 197 / 186, 33 177 / 166, 41 179 / 170, 64 199 / 186, 80
+ * 204 / 196. T = 9-11 (two pair vectors against the 16-row tile of one
+ * 16-token vector), kernel_bench 768 / 1536 / 2048 rows, one thread: 9
+ * 80 -> 96, 10 88 -> 107, 11 97 -> 118; below 9 gemm_small is faster
+ * (one pair vector: T = 5-7 64-71 against 104-122, 8 100 against 109),
+ * so plain weights never take the 16-row tile now, MX weights below 9
+ * tokens still do (in the model, prefill 128 and 512 with pairs from 9
+ * against 12 tokens: experts within 1 %). q30b8 BF16 prefill 512, both
+ * rules in one process, eight alternating rounds: experts 1.1 % (median)
+ * faster than with pairs for T = 20-24 only, 2.6 % than with no pairs.
+ * Each pair chunk keeps its sums in its own part of the row group's pst. */
+enum { PAIR_MIN = 9, PAIR_V = 3, PAIR_CHUNK = 8 * PAIR_V };
 
 /* Vectors of 8 paired tokens for a chunk of tc tokens. */
 static inline int pair_vectors(int tc) { return (tc + 7) / 8; }
 
+/* The lanes each layout computes for T tokens, as paired() weighs them. */
 static int lanes_16(int T) {
     const int cs = chunk_of(T);
     int lanes = 0;

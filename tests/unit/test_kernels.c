@@ -373,6 +373,11 @@ static void test_mx_matmul(void) {
     check_mx(Q3_MXFP8, 21, 40, 320); /* AVX-512: paired tokens, MX rows widened in blocks */
     check_mx(Q3_MXFP4, 24, 19, 1024);
     check_mx(Q3_MXFP4, 22, 19, 320); /* ... rows widened whole by the AVX2 decoders (K % 128 != 0) */
+    /* AVX-512 MX products of 5-8 tokens that no tokens GEMV takes: remainder
+     * tokens only (6), one vector against 16-row tiles (7, 8; MX only now). */
+    check_mx(Q3_MXFP4, 6, 19, 320);
+    check_mx(Q3_MXFP4, 8, 19, 320);
+    check_mx(Q3_MXINT8, 7, 21, 192);
     check_mx(Q3_MXFP8, 5, 40, 320); /* a few tokens: one GEMV per token (AVX2) */
     check_mx(Q3_MXFP4, 8, 23, 256);
     check_mx(Q3_MXINT8, 5, 40, 320);
