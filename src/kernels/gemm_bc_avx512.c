@@ -222,8 +222,9 @@ INLINE void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
         }
 }
 
-/* Rows per tile: 8, and 16 where a product is one token vector (up to 22
- * tokens): 8 accumulators, one FMA each per k, left the FMA latency
+/* Rows per tile: 8, and 16 where a product is one unpaired token vector
+ * (since pairs start at 9 tokens: MX products of 7-8 tokens that no tokens
+ * GEMV takes): 8 accumulators, one FMA each per k, left the FMA latency
  * exposed. (16 rows measured 30 % slower with 512-column blocks, whose
  * widened rows then overflowed L1.) kernel_bench 1536 2048 T: T = 8 106 ->
  * 119, 16 205 -> 243, 19 202 -> 230 GFLOP/s; q30b8 BF16 prefill 512, three
@@ -507,9 +508,8 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
     const int whole = q3_dtype_is_mxfp(W->dtype) && mx_lanes(W->dtype, K) != 4,
               block = T > cs || W->dtype == Q3_MXFP4 ? BLOCK_CHUNKS : BLOCK;
     const int KB = whole ? K : block, ws = whole ? K + PAD : block + PAD;
-    /* Rows per group: 16 where the products are one token vector (T <= 22
-     * and unpaired, which leaves 9-11; 8 accumulators would wait on the FMA
-     * latency), else 8. */
+    /* Rows per group: 16 where the products are one unpaired token vector
+     * (8 accumulators would wait on the FMA latency), else 8. */
     const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, whole, pair, rs, steps};
     if (!pair && T <= cs && tv == 1) row_groups(out, ldo, W, r0, r1, wbuf, &sh, 2 * ROWS);
     else row_groups(out, ldo, W, r0, r1, wbuf, &sh, ROWS);
