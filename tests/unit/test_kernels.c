@@ -81,6 +81,52 @@ static void check_matmul(q3_dtype dt, int T, int M, int K) {
     free(w), free(wf), free(x), free(out);
 }
 
+/* One-token passes over several matrices, where threads own runs of
+ * panels and take the back halves of each other's: with more threads than
+ * cores they arrive late and get taken from, and a stolen run can lie
+ * behind a thread's job cursor. Every row must be computed (the output
+ * starts as NaN), correctly, and the same bits whatever the thread count. */
+static void test_decode_pass_threads(void) {
+    enum { NJ = 5, K = 256 };
+    const int rows[NJ] = {50, 17, 113, 31, 80}; /* not all whole 16-row panels */
+    const int max_threads = omp_get_max_threads();
+    float *x = malloc(K * sizeof *x), *wf[NJ], *out[NJ], *first[NJ];
+    uint16_t *w[NJ];
+    q3_mat W[NJ];
+    q3_mm_job jobs[NJ];
+    for (int k = 0; k < K; k++) x[k] = frand();
+    for (int j = 0; j < NJ; j++) {
+        w[j] = malloc((size_t)rows[j] * K * sizeof *w[j]);
+        wf[j] = malloc((size_t)rows[j] * K * sizeof *wf[j]);
+        out[j] = malloc((size_t)rows[j] * sizeof *out[j]);
+        first[j] = malloc((size_t)rows[j] * sizeof *first[j]);
+        for (int i = 0; i < rows[j] * K; i++) w[j][i] = q3_f32_to_bf16(frand());
+        q3_to_f32(wf[j], w[j], Q3_BF16, 0, (size_t)rows[j] * K);
+        W[j] = (q3_mat){.data = w[j], .dtype = Q3_BF16, .rows = rows[j], .cols = K};
+        jobs[j] = (q3_mm_job){out[j], (size_t)rows[j], x, K, 1, &W[j]};
+    }
+    const int threads[] = {1, 2, 3, 7};
+    for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
+        omp_set_num_threads(threads[ti]);
+        for (int rep = 0; rep < 20; rep++) {
+            for (int j = 0; j < NJ; j++)
+                for (int r = 0; r < rows[j]; r++) out[j][r] = NAN;
+            q3_matmul_jobs(jobs, NJ);
+            for (int j = 0; j < NJ; j++) {
+                if (ti == 0 && rep == 0) {
+                    CHECK(worst_rel_err(out[j], x, wf[j], 1, rows[j], K) < 1e-5);
+                    memcpy(first[j], out[j], (size_t)rows[j] * sizeof *out[j]);
+                } else if (!CHECK(memcmp(first[j], out[j], (size_t)rows[j] * sizeof *out[j]) == 0)) {
+                    fprintf(stderr, "  %d threads, rep %d: job %d differs from 1 thread\n", threads[ti], rep, j);
+                }
+            }
+        }
+    }
+    omp_set_num_threads(max_threads);
+    for (int j = 0; j < NJ; j++) free(w[j]), free(wf[j]), free(out[j]), free(first[j]);
+    free(x);
+}
+
 static void test_matmul(void) {
     /* Every ISA this CPU has, each against the double-precision reference. */
     for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
@@ -713,6 +759,7 @@ int main(void) {
     test_f16_all_codes();
     test_bf16_rounding();
     test_matmul();
+    test_decode_pass_threads();
     test_strided();
     test_i8_prep();
     test_mx_matmul();
