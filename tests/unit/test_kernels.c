@@ -88,7 +88,7 @@ static void check_matmul(q3_dtype dt, int T, int M, int K) {
  * starts as NaN), correctly, and the same bits whatever the thread count. */
 static void test_decode_pass_threads(void) {
     enum { NJ = 5, K = 256 };
-    const int rows[NJ] = {50, 17, 113, 31, 80}; /* not all whole 16-row panels */
+    const int rows[NJ] = {500, 17, 1130, 310, 800}; /* not all whole 16-row panels; takes of several panels span jobs */
     const int max_threads = omp_get_max_threads();
     float *x = malloc(K * sizeof *x), *wf[NJ], *out[NJ], *first[NJ];
     uint16_t *w[NJ];
