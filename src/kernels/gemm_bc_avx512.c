@@ -22,8 +22,8 @@
 #include "kernels/isa.h"
 #include "kernels/lane_rem.h"
 #include "kernels/lane_store.h"
+#include "kernels/scratch.h"
 #include "quant/mx.h"
-#include "util/error.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -127,9 +127,8 @@ static int mx_lanes(q3_dtype wt, int K) {
  * (wt), whose rows widen in the MX GEMV decoders' element order, the token
  * rows are first permuted to that order (q3_mx_prep_lanes, exact). */
 static const float *mx_permuted(const float *x, size_t *ldx, int T, int K, q3_dtype wt) {
-    static _Thread_local float *perm; /* CHUNK permuted rows; prefill only, kept for the thread's life */
     if (!q3_dtype_is_mxfp(wt)) return x;
-    if (!perm) perm = q3_malloc((size_t)CHUNK * Q3_LANE_KMAX * sizeof *perm);
+    float *perm = q3_scratch(Q3_SCR_BC_PERM, (size_t)CHUNK * Q3_LANE_KMAX * sizeof(float)); /* CHUNK permuted rows */
     for (int t = 0; t < T; t++) q3_mx_prep_lanes(perm + (size_t)t * K, x + (size_t)t * *ldx, K, wt, mx_lanes(wt, K));
     *ldx = (size_t)K;
     return perm;

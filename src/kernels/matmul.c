@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/isa.h"
+#include "kernels/scratch.h"
 #include "util/error.h"
 
 static const q3_isa_kernels *g_k = &q3_kernels_scalar;
@@ -176,9 +177,8 @@ static int a8_gemm_ok(const q3_mm_job *jb) {
 }
 
 /* Tokens-in-lanes GEMMs: the input rows are packed once per thread and
- * pass (inputs do not change within a pass). The scratch is per thread,
- * allocated on the first use and kept for the life of the thread (prefill
- * only: decode takes the GEMV paths). */
+ * pass (inputs do not change within a pass), into the thread's scratch
+ * (kernels/scratch.h; prefill only: decode takes the GEMV paths). */
 typedef struct {
     const float *x;
     unsigned long long pass;
@@ -195,15 +195,11 @@ static int act_stale(act_key *k, const q3_mm_job *jb) {
 }
 
 static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
-    static _Thread_local uint32_t *ap;
-    static _Thread_local uint16_t *row, *wbuf;
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
-    if (!ap) {
-        ap = q3_malloc((size_t)Q3_LANE_TOKENS * (Q3_LANE_KMAX / 2) * sizeof *ap);
-        row = q3_malloc((size_t)Q3_LANE_KMAX * sizeof *row);
-        wbuf = q3_malloc((size_t)8 * Q3_LANE_KMAX * sizeof *wbuf);
-    }
+    uint32_t *ap = q3_scratch(Q3_SCR_A8_ACT, (size_t)Q3_LANE_TOKENS * (Q3_LANE_KMAX / 2) * sizeof *ap);
+    uint16_t *row = q3_scratch(Q3_SCR_A8_ROW, (size_t)Q3_LANE_KMAX * sizeof *row);
+    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)8 * Q3_LANE_KMAX * sizeof *wbuf);
     if (act_stale(&have, jb)) g_k->a8_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, row);
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
@@ -223,10 +219,9 @@ static int tokens_ok(const q3_mat *W, prep_gemv pg) {
  * prepared input copies (made once per thread and pass; copies are at most
  * 4 * K bytes). */
 static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, prep_gemv pg) {
-    static _Thread_local float *xt;
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
-    if (!xt) xt = q3_malloc((size_t)MX_GEMV_TOKENS * A8_KMAX * sizeof *xt);
+    float *xt = q3_scratch(Q3_SCR_TOKENS_X, (size_t)MX_GEMV_TOKENS * A8_KMAX * sizeof *xt);
     const int together = tokens_ok(W, pg), i8 = pg == PG_I8;
     if (act_stale(&have, jb))
         for (int t = 0; t < jb->T; t++) {
@@ -264,26 +259,18 @@ static int gemm_i8_ok(const q3_mm_job *jb) {
 }
 
 static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
-    static _Thread_local uint32_t *ap;
-    static _Thread_local float *fs;
-    static _Thread_local void *wbuf;
     static _Thread_local act_key have;
-    if (!ap) {
-        ap = q3_malloc((size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX);
-        fs = q3_malloc((size_t)Q3_BC_TOKENS_MAX * (Q3_LANE_KMAX / 32) * sizeof *fs);
-        wbuf = q3_malloc((size_t)Q3_NR * (Q3_LANE_KMAX + Q3_LANE_KMAX / 4));
-    }
+    uint32_t *ap = q3_scratch(Q3_SCR_I8_ACT, (size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX);
+    float *fs = q3_scratch(Q3_SCR_I8_FS, (size_t)Q3_BC_TOKENS_MAX * (Q3_LANE_KMAX / 32) * sizeof *fs);
+    void *wbuf = q3_scratch(Q3_SCR_I8_W, (size_t)Q3_NR * (Q3_LANE_KMAX + Q3_LANE_KMAX / 4));
     if (act_stale(&have, jb)) g_k->i8_pack_act(ap, fs, jb->x, jb->ldx, jb->T, jb->W->cols);
     g_k->gemm_i8(jb->out + r0, jb->ldo, ap, fs, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
 
 static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
-    static _Thread_local float *ap, *wbuf;
     static _Thread_local act_key have;
-    if (!ap) {
-        ap = q3_malloc(((size_t)(Q3_BC_TOKENS_MAX + 8) * Q3_LANE_KMAX + 16 * 16) * sizeof *ap);
-        wbuf = q3_malloc((size_t)Q3_NR * (Q3_LANE_KMAX + 16) * sizeof *wbuf);
-    }
+    float *ap = q3_scratch(Q3_SCR_BC_ACT, ((size_t)(Q3_BC_TOKENS_MAX + 8) * Q3_LANE_KMAX + 16 * 16) * sizeof *ap);
+    float *wbuf = q3_scratch(Q3_SCR_BC_W, (size_t)Q3_NR * (Q3_LANE_KMAX + 16) * sizeof *wbuf);
     if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, jb->W->dtype);
     g_k->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
@@ -454,8 +441,17 @@ static int run_steal(int me, int nt) {
  * against 4, W4A8 1.7-2.0 %, BF16 1.4 %; 64 no clearer. */
 enum { TAKE_MOST = 16 };
 
-/* One-token jobs only: their panels all go to the GEMVs, which take any
- * row range, so consecutive panels of a job run as one call. */
+/* Panels [q0, q1) of a one-token job as one GEMV call: the GEMVs take any
+ * row range, row by row, so results are those of panel by panel. (The
+ * GEMMs of several tokens take one panel at a time: their scratch holds
+ * Q3_NR rows. Calling them with a job's share at once, where they would
+ * take it, measured within 1 % in a 512-token prefill.) */
+static void run_rows(const q3_mm_job *jb, int q0, int q1) {
+    const int r0 = q0 * Q3_NR, r1 = q1 * Q3_NR < jb->W->rows ? q1 * Q3_NR : jb->W->rows;
+    other_kernel(jb, r0, r1 - r0, 1);
+}
+
+/* One-token jobs only (run_rows). */
 static void run_stealing(const q3_mm_job *jobs, int me, int nt) {
     int j = 0, base = 0, n;
     for (;;) {
@@ -468,8 +464,7 @@ static void run_stealing(const q3_mm_job *jobs, int me, int nt) {
         for (const int end = p + n; p < end;) {
             while (p >= base + panels_of(&jobs[j])) base += panels_of(&jobs[j]), j++;
             const int upto = base + panels_of(&jobs[j]) < end ? base + panels_of(&jobs[j]) : end;
-            const int r0 = (p - base) * Q3_NR, r1 = (upto - base) * Q3_NR;
-            other_kernel(&jobs[j], r0, (r1 < jobs[j].W->rows ? r1 : jobs[j].W->rows) - r0, 1);
+            run_rows(&jobs[j], p - base, upto - base);
             p = upto;
         }
     }

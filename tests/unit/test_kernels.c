@@ -81,43 +81,47 @@ static void check_matmul(q3_dtype dt, int T, int M, int K) {
     free(w), free(wf), free(x), free(out);
 }
 
-/* One-token passes over several matrices, where threads own runs of
- * panels and take the back halves of each other's: with more threads than
- * cores they arrive late and get taken from, and a stolen run can lie
- * behind a thread's job cursor. Every row must be computed (the output
- * starts as NaN), correctly, and the same bits whatever the thread count. */
-static void test_decode_pass_threads(void) {
+/* Passes over several matrices run by any number of threads. One-token
+ * passes: threads own runs of panels and take the back halves of each
+ * other's (with more threads than cores they arrive late and get taken
+ * from, and a stolen run can lie behind a thread's job cursor). Passes of
+ * several tokens: chunks of panels from a shared counter, each job's share
+ * as one kernel call. Every row must be computed (the output starts as
+ * NaN), correctly, and the same bits whatever the thread count. */
+static void check_pass_threads(int T) {
     enum { NJ = 5, K = 256 };
     const int rows[NJ] = {500, 17, 1130, 310, 800}; /* not all whole 16-row panels; takes of several panels span jobs */
     const int max_threads = omp_get_max_threads();
-    float *x = malloc(K * sizeof *x), *wf[NJ], *out[NJ], *first[NJ];
+    float *x = malloc((size_t)T * K * sizeof *x), *wf[NJ], *out[NJ], *first[NJ];
     uint16_t *w[NJ];
     q3_mat W[NJ];
     q3_mm_job jobs[NJ];
-    for (int k = 0; k < K; k++) x[k] = frand();
+    for (int k = 0; k < T * K; k++) x[k] = frand();
     for (int j = 0; j < NJ; j++) {
         w[j] = malloc((size_t)rows[j] * K * sizeof *w[j]);
         wf[j] = malloc((size_t)rows[j] * K * sizeof *wf[j]);
-        out[j] = malloc((size_t)rows[j] * sizeof *out[j]);
-        first[j] = malloc((size_t)rows[j] * sizeof *first[j]);
+        out[j] = malloc((size_t)T * rows[j] * sizeof *out[j]);
+        first[j] = malloc((size_t)T * rows[j] * sizeof *first[j]);
         for (int i = 0; i < rows[j] * K; i++) w[j][i] = q3_f32_to_bf16(frand());
         q3_to_f32(wf[j], w[j], Q3_BF16, 0, (size_t)rows[j] * K);
         W[j] = (q3_mat){.data = w[j], .dtype = Q3_BF16, .rows = rows[j], .cols = K};
-        jobs[j] = (q3_mm_job){out[j], (size_t)rows[j], x, K, 1, &W[j]};
+        jobs[j] = (q3_mm_job){out[j], (size_t)rows[j], x, K, T, &W[j]};
     }
     const int threads[] = {1, 2, 3, 7};
     for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
         omp_set_num_threads(threads[ti]);
-        for (int rep = 0; rep < 20; rep++) {
+        for (int rep = 0; rep < (T == 1 ? 20 : 4); rep++) {
             for (int j = 0; j < NJ; j++)
-                for (int r = 0; r < rows[j]; r++) out[j][r] = NAN;
+                for (int r = 0; r < T * rows[j]; r++) out[j][r] = NAN;
             q3_matmul_jobs(jobs, NJ);
             for (int j = 0; j < NJ; j++) {
+                const size_t n = (size_t)T * rows[j] * sizeof *out[j];
                 if (ti == 0 && rep == 0) {
-                    CHECK(worst_rel_err(out[j], x, wf[j], 1, rows[j], K) < 1e-5);
-                    memcpy(first[j], out[j], (size_t)rows[j] * sizeof *out[j]);
-                } else if (!CHECK(memcmp(first[j], out[j], (size_t)rows[j] * sizeof *out[j]) == 0)) {
-                    fprintf(stderr, "  %d threads, rep %d: job %d differs from 1 thread\n", threads[ti], rep, j);
+                    if (!CHECK(worst_rel_err(out[j], x, wf[j], T, rows[j], K) < 1e-5))
+                        fprintf(stderr, "  T %d, 1 thread: job %d wrong\n", T, j);
+                    memcpy(first[j], out[j], n);
+                } else if (!CHECK(memcmp(first[j], out[j], n) == 0)) {
+                    fprintf(stderr, "  T %d, %d threads, rep %d: job %d differs from 1 thread\n", T, threads[ti], rep, j);
                 }
             }
         }
@@ -125,6 +129,11 @@ static void test_decode_pass_threads(void) {
     omp_set_num_threads(max_threads);
     for (int j = 0; j < NJ; j++) free(w[j]), free(wf[j]), free(out[j]), free(first[j]);
     free(x);
+}
+
+static void test_pass_threads(void) {
+    const int tokens[] = {1, 3, 20, 40};
+    for (size_t i = 0; i < sizeof tokens / sizeof *tokens; i++) check_pass_threads(tokens[i]);
 }
 
 static void test_matmul(void) {
@@ -759,7 +768,7 @@ int main(void) {
     test_f16_all_codes();
     test_bf16_rounding();
     test_matmul();
-    test_decode_pass_threads();
+    test_pass_threads();
     test_strided();
     test_i8_prep();
     test_mx_matmul();

@@ -1,0 +1,31 @@
+#include "kernels/scratch.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "util/error.h"
+
+static pthread_key_t g_key;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_key_ok;
+static _Thread_local void **t_slots;
+
+static void free_slots(void *v) {
+    void **slots = v;
+    for (int i = 0; i < Q3_SCR_COUNT; i++) free(slots[i]);
+    free(slots);
+}
+
+static void make_key(void) { g_key_ok = pthread_key_create(&g_key, free_slots) == 0; }
+
+void *q3_scratch(q3_scratch_slot slot, size_t bytes) {
+    if (!t_slots) {
+        pthread_once(&g_once, make_key);
+        t_slots = q3_calloc(Q3_SCR_COUNT, sizeof *t_slots);
+        /* Without the key the buffers stay until the process ends, as a
+         * thread-local pointer would keep them. */
+        if (g_key_ok && pthread_setspecific(g_key, t_slots) != 0) g_key_ok = 0;
+    }
+    if (!t_slots[slot]) t_slots[slot] = q3_malloc(bytes);
+    return t_slots[slot];
+}

@@ -1,0 +1,28 @@
+/* Per-thread scratch of the prefill kernels: one buffer per slot and
+ * thread, allocated on its first use, kept for the life of the thread (so
+ * a decode step after warm-up allocates nothing) and freed when the thread
+ * exits (a thread pool that shrinks gives its threads' buffers back). */
+#ifndef Q3_SCRATCH_H
+#define Q3_SCRATCH_H
+
+#include <stddef.h>
+
+typedef enum {
+    Q3_SCR_A8_ACT,   /* the A8 GEMM's packed inputs, */
+    Q3_SCR_A8_ROW,   /* a row being packed, */
+    Q3_SCR_A8_W,     /* its decoded weight rows */
+    Q3_SCR_TOKENS_X, /* the tokens GEMVs' input copies */
+    Q3_SCR_I8_ACT,   /* the integer GEMM's packed inputs, */
+    Q3_SCR_I8_FS,    /* their block factors, */
+    Q3_SCR_I8_W,     /* its decoded weight rows */
+    Q3_SCR_BC_ACT,   /* the broadcast GEMM's packed inputs, */
+    Q3_SCR_BC_W,     /* its widened weight rows, */
+    Q3_SCR_BC_PERM,  /* MX-ordered input rows (AVX-512) */
+    Q3_SCR_COUNT
+} q3_scratch_slot;
+
+/* This thread's buffer for slot, of bytes (each slot is always asked for
+ * the same size). Never NULL: out of memory is fatal, as for q3_malloc. */
+void *q3_scratch(q3_scratch_slot slot, size_t bytes);
+
+#endif
