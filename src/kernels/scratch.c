@@ -22,9 +22,11 @@ void *q3_scratch(q3_scratch_slot slot, size_t bytes) {
     if (!t_slots) {
         pthread_once(&g_once, make_key);
         t_slots = q3_calloc(Q3_SCR_COUNT, sizeof *t_slots);
-        /* Without the key the buffers stay until the process ends, as a
-         * thread-local pointer would keep them. */
-        if (g_key_ok && pthread_setspecific(g_key, t_slots) != 0) g_key_ok = 0;
+        if (!g_key_ok || pthread_setspecific(g_key, t_slots) != 0) {
+            /* No key for this thread: its buffers stay until the process
+             * ends (nothing else goes wrong; g_key_ok is only read here,
+             * after pthread_once, so no thread writes it twice). */
+        }
     }
     if (!t_slots[slot]) t_slots[slot] = q3_malloc(bytes);
     return t_slots[slot];
