@@ -177,6 +177,9 @@ static void reread_in_huge_folios(const q3_mapped_file *f) {
         close(fd);
         return;
     }
+    /* Pages still dirty (a file written moments ago, a busy disk) are not
+     * dropped, and would come back in their small folios. */
+    (void)fdatasync(fd);
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     (void)madvise(p, f->size, MADV_HUGEPAGE);
     close(fd);
