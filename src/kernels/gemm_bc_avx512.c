@@ -120,12 +120,9 @@ static int mx_lanes(q3_dtype wt, int K) {
     return __builtin_cpu_supports("avx512bw") && q3_mx_wide_fits(wt, K) ? 4 : 2;
 }
 
-/* One chunk of T <= CHUNK tokens at ap: the lane panel ap[k][t] = x[t][k]
- * for t < 16 * tv, one gather per 16 tokens and k (lanes past T are zero;
- * the scalar transposition took 6 % of prefill), then the rem remainder
- * tokens as rows of K floats, K + PAD apart. For MXFP8 / MXFP4 weights
- * (wt), whose rows widen in the MX GEMV decoders' element order, the token
- * rows are first permuted to that order (q3_mx_prep_lanes, exact). */
+/* For MXFP8 / MXFP4 weights (wt), whose rows widen in the MX GEMV
+ * decoders' element order, the token rows permuted to that order
+ * (q3_mx_prep_lanes, exact); other weights: x as it is. */
 static const float *mx_permuted(const float *x, size_t *ldx, int T, int K, q3_dtype wt) {
     if (!q3_dtype_is_mxfp(wt)) return x;
     float *perm = q3_scratch(Q3_SCR_BC_PERM, (size_t)CHUNK * Q3_LANE_KMAX * sizeof(float)); /* CHUNK permuted rows */
@@ -134,46 +131,101 @@ static const float *mx_permuted(const float *x, size_t *ldx, int T, int K, q3_dt
     return perm;
 }
 
+/* 16 x 16 floats, r[i] = row i -> r[j] = column j: pairs of rows
+ * interleaved, then pairs of those as doubles (column 4 l + e of rows 4 g
+ * .. 4 g + 3 in 128-bit lane l of vector 4 g + e), then the lanes of the
+ * four groups gathered by two rounds of 128-bit shuffles. 64 shuffles per
+ * 256 floats, against a gather (16 lines, one float each) per 16. */
+INLINE void transpose16(__m512 r[16]) {
+    __m512 s[16];
+    for (int i = 0; i < 16; i += 2) s[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), s[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    for (int g = 0; g < 16; g += 4) {
+        const __m512d a = _mm512_castps_pd(s[g]), b = _mm512_castps_pd(s[g + 1]), c = _mm512_castps_pd(s[g + 2]),
+                      d = _mm512_castps_pd(s[g + 3]);
+        r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c)), r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d)), r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int e = 0; e < 4; e++) {
+        const __m512 u0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88), v0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xDD);
+        const __m512 u1 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88), v1 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xDD);
+        s[e] = _mm512_shuffle_f32x4(u0, u1, 0x88), s[8 + e] = _mm512_shuffle_f32x4(u0, u1, 0xDD);
+        s[4 + e] = _mm512_shuffle_f32x4(v0, v1, 0x88), s[12 + e] = _mm512_shuffle_f32x4(v0, v1, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) r[i] = s[i];
+}
+
+/* 8 x 8 doubles (float pairs), r[i] = row i -> r[j] = column j. */
+INLINE void transpose8x2(__m512 r[8]) {
+    __m512d t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        const __m512d a = _mm512_castps_pd(r[i]), b = _mm512_castps_pd(r[i + 1]);
+        t[i] = _mm512_unpacklo_pd(a, b), t[i + 1] = _mm512_unpackhi_pd(a, b);
+    }
+    /* u[4 h + j]: columns j and j + 4 (j: 0, 2 from t[.], 1, 3 from t[. + 1]) of rows 4 h .. 4 h + 3 */
+    for (int h = 0; h < 2; h++)
+        for (int o = 0; o < 2; o++) {
+            u[4 * h + 2 * o] = _mm512_shuffle_f64x2(t[4 * h + o], t[4 * h + 2 + o], 0x88);
+            u[4 * h + 2 * o + 1] = _mm512_shuffle_f64x2(t[4 * h + o], t[4 * h + 2 + o], 0xDD);
+        }
+    /* u[0]: columns 0, 4; u[1]: 2, 6; u[2]: 1, 5; u[3]: 3, 7 */
+    static const int col[4] = {0, 2, 1, 3};
+    for (int i = 0; i < 4; i++) {
+        r[col[i]] = _mm512_castpd_ps(_mm512_shuffle_f64x2(u[i], u[4 + i], 0x88));
+        r[col[i] + 4] = _mm512_castpd_ps(_mm512_shuffle_f64x2(u[i], u[4 + i], 0xDD));
+    }
+}
+
+/* Floats ahead on each token row that the packers prefetch: the rows
+ * (an expert's gathered inputs, 32 MiB for a layer of a 512-token
+ * prefill) come from L3 or DRAM, 8 or 16 streams at a time. Share of a
+ * 512-token q30b8 BF16 prefill's samples (perf, 2 threads): gathers 3.2 %,
+ * transposes 2.8 %, with this prefetch 2.0 % (512 floats ahead: 2.4 %);
+ * its expert products (9+ tokens, one thread, both builds interleaved in
+ * one process) 1.3-2.5 % faster than with the gathers. */
+enum { PACK_AHEAD = 128 };
+
+/* One chunk of T <= CHUNK tokens at ap: the lane panel ap[k][t] = x[t][k]
+ * for t < 16 * tv, 16 x 16 blocks transposed in registers (lanes past T
+ * are zero), then the rem remainder tokens as rows of K floats, K + PAD
+ * apart. */
 static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     x = mx_permuted(x, &ldx, T, K, wt);
     int tv, rem;
     q3_split_tokens(T, REM_MAX, &tv, &rem);
     const int TP = 16 * tv;
     for (int j = 0; j < rem; j++) memcpy(ap + (size_t)K * TP + (size_t)j * (K + PAD), x + (size_t)(TP + j) * ldx, (size_t)K * sizeof *ap);
-    if (ldx > (size_t)INT32_MAX / 16) { /* gather offsets are 32-bit */
-        for (int k = 0; k < K; k++)
-            for (int t = 0; t < TP; t++) ap[(size_t)k * TP + t] = t < T ? x[(size_t)t * ldx + k] : 0.0f;
-        return;
-    }
     for (int t0 = 0; t0 < TP; t0 += 16) {
-        const __mmask16 m = T - t0 >= 16 ? 0xFFFF : (__mmask16)((1u << (T - t0)) - 1);
-        const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               _mm512_set1_epi32((int)ldx));
-        const float *base = x + (size_t)t0 * ldx;
-        for (int k = 0; k < K; k++)
-            _mm512_storeu_ps(ap + (size_t)k * TP + t0, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, base + k, 4));
+        const int n = T - t0 < 16 ? T - t0 : 16; /* rows past T are zero lanes */
+        for (int k = 0; k < K; k += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) {
+                if (i < n) _mm_prefetch((const char *)(x + (size_t)(t0 + i) * ldx + k + PACK_AHEAD), _MM_HINT_T0);
+                r[i] = i < n ? _mm512_loadu_ps(x + (size_t)(t0 + i) * ldx + k) : _mm512_setzero_ps();
+            }
+            transpose16(r);
+            for (int i = 0; i < 16; i++) _mm512_storeu_ps(ap + (size_t)(k + i) * TP + t0, r[i]);
+        }
     }
 }
 
 /* The paired panel of T <= PAIR_CHUNK tokens: ap[kp][16 v + 2 t + j] =
- * x[8 v + t][2 kp + j] for v < pair_vectors(T) (zero past T). */
+ * x[8 v + t][2 kp + j] for v < pair_vectors(T) (zero past T): the float
+ * pairs of 8 token rows transposed as doubles. */
 static void pack_pairs(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     x = mx_permuted(x, &ldx, T, K, wt);
     const int NV = pair_vectors(T), TP = 16 * NV;
-    if (ldx > (size_t)INT32_MAX / 16) { /* gather offsets are 32-bit */
-        for (int kp = 0; kp < K / 2; kp++)
-            for (int l = 0; l < TP; l++) ap[(size_t)kp * TP + l] = l / 2 < T ? x[(size_t)(l / 2) * ldx + 2 * kp + l % 2] : 0.0f;
-        return;
-    }
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(lane, 1), _mm512_set1_epi32((int)ldx)),
-                                         _mm512_and_si512(lane, _mm512_set1_epi32(1)));
     for (int v = 0; v < NV; v++) {
         const int n = T - 8 * v >= 8 ? 8 : T - 8 * v; /* tokens in this vector */
-        const __mmask16 m = (__mmask16)((1u << (2 * n)) - 1);
         const float *base = x + (size_t)(8 * v) * ldx;
-        for (int kp = 0; kp < K / 2; kp++)
-            _mm512_storeu_ps(ap + (size_t)kp * TP + 16 * v, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, base + 2 * kp, 4));
+        for (int kp = 0; kp < K / 2; kp += 8) {
+            __m512 r[8];
+            for (int i = 0; i < 8; i++) {
+                if (i < n) _mm_prefetch((const char *)(base + (size_t)i * ldx + 2 * kp + PACK_AHEAD), _MM_HINT_T0);
+                r[i] = i < n ? _mm512_loadu_ps(base + (size_t)i * ldx + 2 * kp) : _mm512_setzero_ps();
+            }
+            transpose8x2(r);
+            for (int i = 0; i < 8; i++) _mm512_storeu_ps(ap + (size_t)(kp + i) * TP + 16 * v, r[i]);
+        }
     }
 }
 
@@ -233,8 +285,14 @@ enum { ROWS = 8 };
 /* Steps of k by which the tile prefetches its token panel ahead: the
  * panel streams from L2 (256 KB for 32 tokens of K = 2048) and each step
  * takes a line per token vector. kernel_bench 256 2048 T, one thread,
- * GFLOP/s: T = 32 145.7 -> 149.5, 48 156 -> 164, 24 110 -> 113. */
-enum { AP_AHEAD = 8 };
+ * GFLOP/s (Intel Xeon): T = 32 145.7 -> 149.5, 48 156 -> 164, 24 110 ->
+ * 113 with 8 steps. On the AMD EPYC (Zen 5), the expert products (gate
+ * and down, 9+ tokens) of a q30b8 512-token prefill, this build against
+ * the one with 8 steps interleaved in one process, one thread, ratio of
+ * medians of 16: 2 steps 0.958-0.968 (no prefetch 0.97-0.99, 3 steps
+ * 0.98-1.0, 1 step 0.98); by tokens (all experts T): 12 0.95, 20 0.97,
+ * 24 0.97, 32 0.94, 40-64 0.99, 96 1.0. */
+enum { AP_AHEAD = 2 };
 
 /* The next rows' weights, prefetched one line every `every` steps of the
  * loops that use the current rows: rows are a page or so each, so the
