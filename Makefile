@@ -37,7 +37,7 @@ UNIT_SAN := $(UNIT_SRC:tests/unit/%.c=build/asan/tests/%)
 
 DEPS_STAMP := build/.deps-ok
 
-.PHONY: all asan bench deps test unit demo clean help
+.PHONY: all asan bench gemm-ab deps test unit demo clean help
 # The entry points install dependencies first, then build in a fresh make
 # so that what set-up installed (e.g. OpenMPI for the comm backend) is seen.
 all: $(DEPS_STAMP)
@@ -48,6 +48,7 @@ help:
 	@echo "make demo   make the default demo checkpoint and stream a generation"
 	@echo "make test   run the whole test suite (unit tests, ASan+UBSan, reference tests)"
 	@echo "make bench  build build/kernel_bench, the kernel micro-benchmark"
+	@echo "make gemm-ab AB_REV=REV  build/gemm_ab: the broadcast GEMM against revision REV's, in one process"
 	@echo "make clean  remove build/"
 
 # Dependencies (apt packages, npm tokenizer package) are checked once and
@@ -92,6 +93,19 @@ build/kernel_bench: bench/kernel_bench.c $(LIB_REL)
 	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -o $@ $< $(LIB_REL) $(LDLIBS)
 
 bench: build/kernel_bench
+
+# The same benchmark with its gemm-ab mode: this tree's AVX-512 broadcast
+# GEMM against revision AB_REV's (from `git archive`), each compiled on its
+# own with its symbols renamed, so that neither sits in the library.
+AB_REV ?= HEAD
+AB_CC = $(CC) $(filter-out -Isrc,$(CFLAGS_BASE)) $(OPT) -c src/kernels/gemm_bc_avx512.c
+gemm-ab: $(LIB_REL)
+	rm -rf build/ab && mkdir -p build/ab/rev
+	git archive $(AB_REV) src | tar -x -C build/ab/rev
+	cd build/ab/rev && $(AB_CC) -Isrc -Dq3_avx512_gemm_bc=ab_gemm_bc -Dq3_avx512_bc_pack_act=ab_bc_pack_act -o ../rev.o
+	$(AB_CC) -Isrc -Dq3_avx512_gemm_bc=ab_this_gemm_bc -Dq3_avx512_bc_pack_act=ab_this_bc_pack_act -o build/ab/this.o
+	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -DQ3_GEMM_AB -o build/gemm_ab bench/kernel_bench.c build/ab/rev.o build/ab/this.o \
+		$(LIB_REL) $(LDLIBS)
 
 asan: build/asan/q3moe $(UNIT_SAN)
 unit: $(UNIT_REL) $(UNIT_SAN)

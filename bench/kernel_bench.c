@@ -12,6 +12,10 @@
  * few tokens and some many, as in the deeper layers of a model; it prints
  * how many experts got how many tokens):
  *   build/kernel_bench moe-prefill [experts hidden ffn P reps skew]
+ * This build's AVX-512 broadcast GEMM against another git revision's, the
+ * two alternating in one process over the expert products of a P-token
+ * prefill (one thread; `make gemm-ab AB_REV=REV` builds build/gemm_ab):
+ *   build/gemm_ab gemm-ab [P skew reps]
  * Causal prefill attention of one layer, then decode steps at its end
  * (default: Qwen3-30B-A3B heads; Q3MOE_ISA=NAME runs only that ISA;
  * Q3_BENCH_DECODE_ONLY=1 skips the prefill; decode visits `layers` caches
@@ -26,6 +30,7 @@
 
 #include "kernels/attention.h"
 #include "io/safetensors.h"
+#include "kernels/isa.h"
 #include "kernels/kernels.h"
 #include "quant/mx.h"
 
@@ -184,6 +189,23 @@ static int moe_bench(int E, int H, int F, int tokens) {
  * each token routed to 8 of E BF16 experts (a fixed pseudo-random draw, so
  * expert token counts vary as a router's would), gate and up of every
  * expert in one matmul pass, down in the next; weights streamed from DRAM. */
+/* cnt[e]: the tokens of a P-token prompt routed to expert e, 8 distinct
+ * experts per token, drawn as u^skew * E for uniform u (skew 1: uniform). */
+static void draw_experts(int *cnt, int E, int P, double skew) {
+    unsigned seed = 12345;
+    for (int t = 0; t < P; t++) {
+        int chosen[8];
+        for (int k = 0; k < 8 && k < E;) {
+            seed = seed * 1103515245u + 12345u;
+            const double u = (double)((seed >> 8) % 1000000u) / 1e6;
+            const int e = skew == 1.0 ? (int)((seed >> 8) % (unsigned)E) : (int)(E * pow(u, skew)) % E;
+            int dup = 0;
+            for (int j = 0; j < k; j++) dup |= chosen[j] == e;
+            if (!dup) chosen[k++] = e, cnt[e]++;
+        }
+    }
+}
+
 static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew) {
     if (E < 8 || H < 1 || F < 1 || P < 1 || reps < 1 || !(skew > 0.0 && skew <= 16.0)) {
         fprintf(stderr, "kernel_bench moe-prefill: need experts >= 8, positive sizes and reps, 0 < skew <= 16\n");
@@ -193,18 +215,7 @@ static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew) 
     int *cnt = calloc((size_t)E, sizeof *cnt);
     if (!w || !cnt) return 1;
     for (size_t i = 0; i < (size_t)E * 3 * F * H; i++) w[i] = q3_f32_to_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
-    unsigned seed = 12345;
-    for (int t = 0; t < P; t++) {
-        int chosen[8];
-        for (int k = 0; k < 8 && k < E;) { /* 8 distinct experts per token */
-            seed = seed * 1103515245u + 12345u;
-            const double u = (double)((seed >> 8) % 1000000u) / 1e6;
-            const int e = skew == 1.0 ? (int)((seed >> 8) % (unsigned)E) : (int)(E * pow(u, skew)) % E;
-            int dup = 0;
-            for (int j = 0; j < k; j++) dup |= chosen[j] == e;
-            if (!dup) chosen[k++] = e, cnt[e]++;
-        }
-    }
+    draw_experts(cnt, E, P, skew);
     float *x = malloc((size_t)P * 8 * H * 4), *h = malloc((size_t)P * 8 * 2 * F * 4), *y = malloc((size_t)P * 8 * H * 4);
     if (!x || !h || !y) return 1;
     for (size_t i = 0; i < (size_t)P * 8 * H; i++) x[i] = (float)((i * 40503u) % 1000) / 500.0f - 1.0f;
@@ -307,7 +318,93 @@ static int attn_bench(int P, int H, int KVH, int D, int reps, int layers) {
     return 0;
 }
 
+#ifdef Q3_GEMM_AB
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The AVX-512 broadcast GEMM of another revision (make gemm-ab AB_REV=...)
+ * and of this tree, each its own object with its symbols renamed. */
+void ab_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
+void ab_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
+void ab_this_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
+void ab_this_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
+
+/* This build's broadcast GEMM against AB_REV's over the expert products of
+ * a P-token prefill (Qwen3-30B-A3B shapes, gate and down, the experts with
+ * at least bc_min_t tokens, in 16-row panels as matmul.c calls it), on one
+ * thread, the two builds alternating rep by rep in this process, so that a
+ * noisy machine slows both alike. */
+static int gemm_ab_bench(int P, double skew, int reps) {
+    enum { E = 128, H = 2048, F = 768, MAX_REPS = 256 };
+    if (P < 1 || reps < 1 || reps > MAX_REPS || !(skew > 0.0 && skew <= 16.0)) {
+        fprintf(stderr, "gemm_ab: need P >= 1, 1 <= reps <= %d, 0 < skew <= 16\n", MAX_REPS);
+        return 2;
+    }
+    q3_kernels_init();
+    const q3_isa_kernels *kt = q3_kernels_table();
+    if (kt->gemm_bc != q3_avx512_gemm_bc) {
+        fprintf(stderr, "gemm_ab: this CPU does not run the AVX-512 broadcast GEMM (kernels: %s)\n", q3_isa_name(q3_kernels_isa()));
+        return 2;
+    }
+    int cnt[E] = {0};
+    draw_experts(cnt, E, P, skew);
+    const size_t per = (size_t)F * H;
+    uint16_t *w = big_alloc(2 * E * per * 2);
+    float *x = malloc((size_t)P * 8 * H * 4), *out = malloc((size_t)P * 8 * H * 4);
+    float *ap = aligned_alloc(64, ((size_t)(Q3_BC_TOKENS_MAX + 8) * Q3_LANE_KMAX + 256) * 4);
+    float *wbuf = aligned_alloc(64, (size_t)Q3_NR * (Q3_LANE_KMAX + 16) * 4);
+    if (!w || !x || !out || !ap || !wbuf) return 1;
+    madvise(w, 2 * E * per * 2, MADV_HUGEPAGE); /* as the model's mapping has */
+    for (size_t i = 0; i < 2 * E * per; i++) w[i] = q3_f32_to_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
+    for (size_t i = 0; i < (size_t)P * 8 * H; i++) x[i] = (float)((i * 40503u) % 1000) / 500.0f - 1.0f;
+    void (*pack[2])(float *, const float *, size_t, int, int, q3_dtype) = {ab_bc_pack_act, ab_this_bc_pack_act};
+    void (*gemm[2])(float *, size_t, const float *, int, const q3_mat *, int, int, float *) = {ab_gemm_bc, ab_this_gemm_bc};
+    double t[2][MAX_REPS], flops = 0;
+    for (int e = 0; e < E; e++)
+        if (cnt[e] >= kt->bc_min_t) flops += 2.0 * 2 * cnt[e] * per;
+    for (int r = 0; r < reps; r++)
+        for (int i = 0; i < 2; i++) {
+            const int v = r % 2 ? 1 - i : i;
+            const double t0 = omp_get_wtime();
+            for (int m = 0; m < 2; m++) { /* gate (F x H), then down (H x F) */
+                const int rows = m ? H : F, K = m ? F : H;
+                size_t off = 0;
+                for (int e = 0; e < E; off += (size_t)cnt[e], e++) {
+                    if (cnt[e] < kt->bc_min_t) continue;
+                    const q3_mat W = {.data = w + (2 * (size_t)e + m) * per, .dtype = Q3_BF16, .rows = rows, .cols = K};
+                    for (int t0k = 0; t0k < cnt[e]; t0k += Q3_BC_TOKENS_MAX) {
+                        const int T = cnt[e] - t0k < Q3_BC_TOKENS_MAX ? cnt[e] - t0k : Q3_BC_TOKENS_MAX;
+                        pack[v](ap, x + (off + (size_t)t0k) * K, (size_t)K, T, K, Q3_BF16);
+                        for (int r0 = 0; r0 < rows; r0 += Q3_NR)
+                            gemm[v](out + (off + (size_t)t0k) * rows, (size_t)rows, ap, T, &W, r0, r0 + Q3_NR, wbuf);
+                    }
+                }
+            }
+            t[v][r] = omp_get_wtime() - t0;
+        }
+    qsort(t[0], (size_t)reps, sizeof(double), cmp_double);
+    qsort(t[1], (size_t)reps, sizeof(double), cmp_double);
+    const double m0 = t[0][reps / 2], m1 = t[1][reps / 2];
+    printf("gemm_ab, %d tokens (skew %.2f), experts of %d+ tokens, one thread, %d reps each: AB_REV median %.1f ms (%.1f "
+           "GFLOP/s), min %.1f; this build median %.1f ms (%.1f GFLOP/s), min %.1f; this / AB_REV: median %.4f, min %.4f\n",
+           P, skew, kt->bc_min_t, reps, m0 * 1e3, flops / m0 / 1e9, t[0][0] * 1e3, m1 * 1e3, flops / m1 / 1e9, t[1][0] * 1e3,
+           m1 / m0, t[1][0] / t[0][0]);
+    free(w), free(x), free(out), free(ap), free(wbuf);
+    return 0;
+}
+#endif
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "gemm-ab")) {
+#ifdef Q3_GEMM_AB
+        return gemm_ab_bench(argc > 2 ? atoi(argv[2]) : 512, argc > 3 ? atof(argv[3]) : 2.0, argc > 4 ? atoi(argv[4]) : 16);
+#else
+        fprintf(stderr, "kernel_bench gemm-ab: build it with `make gemm-ab AB_REV=<git revision>` and run build/gemm_ab\n");
+        return 2;
+#endif
+    }
     if (argc > 1 && !strcmp(argv[1], "attn"))
         return attn_bench(argc > 2 ? atoi(argv[2]) : 4096, argc > 3 ? atoi(argv[3]) : 32, argc > 4 ? atoi(argv[4]) : 4,
                           argc > 5 ? atoi(argv[5]) : 128, argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atoi(argv[7]) : 1);

@@ -179,9 +179,10 @@ INLINE void transpose8x2(__m512 r[8]) {
  * (an expert's gathered inputs, 32 MiB for a layer of a 512-token
  * prefill) come from L3 or DRAM, 8 or 16 streams at a time. Share of a
  * 512-token q30b8 BF16 prefill's samples (perf, 2 threads): gathers 3.2 %,
- * transposes 2.8 %, with this prefetch 2.0 % (512 floats ahead: 2.4 %);
- * its expert products (9+ tokens, one thread, both builds interleaved in
- * one process) 1.3-2.5 % faster than with the gathers. */
+ * transposes 2.8 %, with this prefetch 2.0 % (512 floats ahead: 2.4 %).
+ * With AP_AHEAD's change, against the gathers (`build/gemm_ab gemm-ab 512
+ * SKEW 12` after `make gemm-ab AB_REV=806aad1`, ratios of medians, four
+ * runs): 0.95-0.99. */
 enum { PACK_AHEAD = 128 };
 
 /* One chunk of T <= CHUNK tokens at ap: the lane panel ap[k][t] = x[t][k]
@@ -286,12 +287,10 @@ enum { ROWS = 8 };
  * panel streams from L2 (256 KB for 32 tokens of K = 2048) and each step
  * takes a line per token vector. kernel_bench 256 2048 T, one thread,
  * GFLOP/s (Intel Xeon): T = 32 145.7 -> 149.5, 48 156 -> 164, 24 110 ->
- * 113 with 8 steps. On the AMD EPYC (Zen 5), the expert products (gate
- * and down, 9+ tokens) of a q30b8 512-token prefill, this build against
- * the one with 8 steps interleaved in one process, one thread, ratio of
- * medians of 16: 2 steps 0.958-0.968 (no prefetch 0.97-0.99, 3 steps
- * 0.98-1.0, 1 step 0.98); by tokens (all experts T): 12 0.95, 20 0.97,
- * 24 0.97, 32 0.94, 40-64 0.99, 96 1.0. */
+ * 113 with 8 steps. On the AMD EPYC (Zen 5) 2 steps: `build/gemm_ab`
+ * (the expert products of a 512-token prefill, one thread, both builds
+ * alternating in one process) ran 8 steps 1.05-1.07x as long with skew 2
+ * and 1.01-1.02x with skew 1 (ratios of medians of 12, three runs each). */
 enum { AP_AHEAD = 2 };
 
 /* The next rows' weights, prefetched one line every `every` steps of the
