@@ -69,21 +69,28 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
 }
 
 /* Few tokens: 2 weight rows x up to 8 tokens of accumulators. Each weight
- * vector is widened once, in a register, for all the tokens, and the rows'
- * stream is prefetched as the GEMV's is. Every (row, token) result is a
- * 16-lane accumulation over k in order and one reduction, whatever the
- * block. (K % 16 == 0.) */
+ * vector is widened once, in a register, for all the tokens. Every (row,
+ * token) result is a 16-lane accumulation over k in order and one
+ * reduction, whatever the block. (K % 16 == 0.)
+ * The next pair's rows are prefetched into L2 as one stream, spread over
+ * this pair's steps: a fixed distance ahead of each row's own stream, as
+ * the GEMV prefetches, reached a pair's second row only from its first,
+ * and DRAM serves two streams a row apart at half the rate of one (a
+ * microbenchmark: 31 against 59-63 GB/s). The model's experts of 2-8
+ * tokens of a 512-token q30b8 prefill (q3_matmul_jobs, huge pages), GEMV
+ * distance -> this, 2 threads: 105-112 -> 116-118 GFLOP/s; one thread 56-57
+ * -> 61-62 (into L1 instead: 54-60; 2, 4 or 8 rows ahead per row: 53-58). */
 INLINE void small_block(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, const int TB,
                         q3_dtype dt) {
     const int K = W->cols;
-    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = Q3_PF_WEIGHTS;
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2;
     const size_t o0 = (size_t)r * rs, o1 = o0 + rs;
-    const char *d = W->data;
+    const char *d = W->data, *next = d + (o0 + 2 * rs) * es;
     __m512 acc[2][8];
 #pragma GCC unroll 8
     for (int t = 0; t < TB; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 16) {
-        if ((k * es) % 64 == 0) _mm_prefetch(d + (o0 + k) * es + pf, _MM_HINT_T0), _mm_prefetch(d + (o1 + k) * es + pf, _MM_HINT_T0);
+        for (size_t o = 0; o < 32 * es; o += 64) _mm_prefetch(next + (size_t)k * 2 * es + o, _MM_HINT_T1);
         const __m512 w0 = load16(d, o0 + k, dt), w1 = load16(d, o1 + k, dt);
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
