@@ -185,6 +185,15 @@ INLINE void transpose8x2(__m512 r[8]) {
  * runs): 0.95-0.99. */
 enum { PACK_AHEAD = 128 };
 
+/* r[i] = 16 floats of row i at base (rows ldx floats apart) for i < n,
+ * zero for n <= i < rows; each row prefetched PACK_AHEAD floats on. */
+INLINE void load_rows(__m512 *r, const float *base, size_t ldx, int n, const int rows) {
+    for (int i = 0; i < rows; i++) {
+        if (i < n) _mm_prefetch((const char *)(base + (size_t)i * ldx + PACK_AHEAD), _MM_HINT_T0);
+        r[i] = i < n ? _mm512_loadu_ps(base + (size_t)i * ldx) : _mm512_setzero_ps();
+    }
+}
+
 /* One chunk of T <= CHUNK tokens at ap: the lane panel ap[k][t] = x[t][k]
  * for t < 16 * tv, 16 x 16 blocks transposed in registers (lanes past T
  * are zero), then the rem remainder tokens as rows of K floats, K + PAD
@@ -199,10 +208,7 @@ static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_d
         const int n = T - t0 < 16 ? T - t0 : 16; /* rows past T are zero lanes */
         for (int k = 0; k < K; k += 16) {
             __m512 r[16];
-            for (int i = 0; i < 16; i++) {
-                if (i < n) _mm_prefetch((const char *)(x + (size_t)(t0 + i) * ldx + k + PACK_AHEAD), _MM_HINT_T0);
-                r[i] = i < n ? _mm512_loadu_ps(x + (size_t)(t0 + i) * ldx + k) : _mm512_setzero_ps();
-            }
+            load_rows(r, x + (size_t)t0 * ldx + k, ldx, n, 16);
             transpose16(r);
             for (int i = 0; i < 16; i++) _mm512_storeu_ps(ap + (size_t)(k + i) * TP + t0, r[i]);
         }
@@ -220,10 +226,7 @@ static void pack_pairs(float *ap, const float *x, size_t ldx, int T, int K, q3_d
         const float *base = x + (size_t)(8 * v) * ldx;
         for (int kp = 0; kp < K / 2; kp += 8) {
             __m512 r[8];
-            for (int i = 0; i < 8; i++) {
-                if (i < n) _mm_prefetch((const char *)(base + (size_t)i * ldx + 2 * kp + PACK_AHEAD), _MM_HINT_T0);
-                r[i] = i < n ? _mm512_loadu_ps(base + (size_t)i * ldx + 2 * kp) : _mm512_setzero_ps();
-            }
+            load_rows(r, base + 2 * kp, ldx, n, 8);
             transpose8x2(r);
             for (int i = 0; i < 8; i++) _mm512_storeu_ps(ap + (size_t)(kp + i) * TP + 16 * v, r[i]);
         }
