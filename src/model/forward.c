@@ -18,7 +18,9 @@
 #include "quant/mx.h"
 #include "util/error.h"
 
-#define FALLOC(n) ((float *)q3_calloc((size_t)(n), sizeof(float)))
+/* Aligned: calloc's large blocks start 16 bytes into a page, so every
+ * 64-byte vector load or store of an activation row straddled two lines. */
+#define FALLOC(n) ((float *)q3_calloc_aligned((size_t)(n), sizeof(float)))
 
 /* Heads and columns this rank holds (everything without a shard). */
 static int local_heads(const q3_model *m) { return m->shard ? m->shard->nq : m->cfg.num_heads; }
@@ -139,7 +141,7 @@ void q3_state_free(q3_state *s) {
     float *f[] = {s->k_cache, s->v_cache, s->rope_cos, s->rope_sin, s->x, s->xn, s->proj, s->q, s->att, s->k, s->v,
                   s->scores, s->ffn_gate, s->ffn_up, s->router, s->topk_w, s->xg, s->h_out, s->h_gate, s->h_up,
                   s->lm_local, s->lm_gather, s->a2a_send, s->a2a_recv, s->sp_att, s->sp_moe, s->sp_out};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) q3_free_aligned(f[i]);
     free(s->topk_id);
     free(s->expert_count);
     free(s->expert_offset);

@@ -1,5 +1,6 @@
 #include "util/error.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,26 @@ void *q3_malloc(size_t n) {
 void *q3_calloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
     return p ? p : oom(n * size);
+}
+
+/* The block from calloc, whose address is kept in the word before the
+ * aligned one. */
+enum { ALIGN = 64 };
+
+void *q3_calloc_aligned(size_t n, size_t size) {
+    if (size && n > (SIZE_MAX - ALIGN - sizeof(void *)) / size) return oom(SIZE_MAX);
+    char *p = calloc(n * size + ALIGN + sizeof(void *), 1);
+    if (!p) return oom(n * size);
+    char *a = (char *)(((uintptr_t)p + sizeof(void *) + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1));
+    memcpy(a - sizeof(void *), &p, sizeof p);
+    return a;
+}
+
+void q3_free_aligned(void *a) {
+    if (!a) return;
+    void *p;
+    memcpy(&p, (char *)a - sizeof p, sizeof p);
+    free(p);
 }
 
 void *q3_realloc(void *p, size_t n) {

@@ -26,6 +26,11 @@ void q3_err_clear(void);
 void *q3_malloc(size_t n);
 void *q3_calloc(size_t n, size_t size);
 void *q3_realloc(void *p, size_t n);
+/* Zeroed, 64-byte aligned (a cache line, an AVX-512 vector); large ones are
+ * still fresh pages only touched when used, as calloc's are. Free with
+ * q3_free_aligned. */
+void *q3_calloc_aligned(size_t n, size_t size);
+void q3_free_aligned(void *p);
 char *q3_strdup(const char *s);
 
 /* Print "q3moe: error: ..." to stderr. */
