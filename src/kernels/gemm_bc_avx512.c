@@ -74,11 +74,11 @@ static int chunk_of(int T) {
  * 8 v + t, k = 2 kp + j), against the rows' weights broadcast two at a
  * time; the two halves of each token's sum are added at the end. That pads
  * to 8 tokens instead of 16 and needs no remainder reductions.
- * paired() picks the layout with fewer lanes to compute, counting a
- * remainder token as 4 lanes, the 16-row tile of a lone vector (16 rows x
- * 1 vector) 1.25x its lanes, and a last pair chunk of one vector 4 more
- * (each ran below the tiles' rate). kernel_bench 768 2048 T, one thread,
- * best of five, GFLOP/s (16 lanes -> pairs): T = 12 108 -> 130, 16 141 ->
+ * k_group() picks the layout with fewer lanes to compute, counting a
+ * remainder token as 4 lanes and the 16-row tile of a lone vector (16
+ * rows x 1 vector) 1.25x its lanes (each ran below the tiles' rate).
+ * kernel_bench 768 2048 T, one thread, best of five, GFLOP/s (16 lanes ->
+ * pairs): T = 12 108 -> 130, 16 141 ->
  * 172, 17 126 -> 134, 20 123 -> 154, 24 142 -> 199, 36 173 -> 183, 40 167
  * -> 202, 56 170 -> 185, 72 174 -> 198; the 16-lane layout kept: T = 25
  * 149 / 142, 32 197 / 186, 33 177 / 166, 41 179 / 170, 64 199 / 186, 80
@@ -86,18 +86,42 @@ static int chunk_of(int T) {
  * 16-token vector), kernel_bench 768 / 1536 / 2048 rows, one thread: 9
  * 80 -> 96, 10 88 -> 107, 11 97 -> 118; below 9 gemm_small is faster
  * (one pair vector: T = 5-7 64-71 against 104-122, 8 100 against 109),
- * so plain weights never take the 16-row tile now, MX weights below 9
- * tokens still do (in the model, prefill 128 and 512 with pairs from 9
- * against 12 tokens: experts within 1 %). q30b8 BF16 prefill 512, both
- * rules in one process, eight alternating rounds: experts 1.1 % (median)
- * faster than with pairs for T = 20-24 only, 2.6 % than with no pairs.
- * Each pair chunk keeps its sums in its own part of the row group's pst. */
-enum { PAIR_MIN = 9, PAIR_V = 3, PAIR_CHUNK = 8 * PAIR_V };
+ * so plain weights never take the 16-row tile now (7 and 8 tokens take
+ * quads, below), MX weights below 7 tokens still do (in the model, prefill
+ * 128 and 512 with pairs from 9 against 12 tokens: experts within 1 %).
+ * q30b8 BF16 prefill 512, both rules in one process, eight alternating
+ * rounds: experts 1.1 % (median) faster than with pairs for T = 20-24
+ * only, 2.6 % than with no pairs.
+ * Each grouped chunk keeps its sums in its own part of the row group's pst. */
+enum { PAIR_MIN = 9, GROUP_V = 3 };
 
-/* Vectors of 8 paired tokens for a chunk of tc tokens. */
-static inline int pair_vectors(int tc) { return (tc + 7) / 8; }
+/* Quads: the same with 4 k per token and 4 tokens per vector (lane 4 t + j
+ * of vector v: token 4 v + t, k = 4 kq + j), against the rows' weights
+ * broadcast four at a time, so a product pads to 4 tokens instead of 8 or
+ * 16 (an expert of 9 tokens computed 16 lanes per row as pairs, now 12).
+ * Their tiles run below the others' rate, so they only pay for 7-12
+ * tokens (k_group).
+ * Grouped layouts (pairs and quads) split a product into chunks of at most
+ * 3 vectors, never leaving one vector alone where 2 + 2 will do (a tile of
+ * one vector, 8 accumulators, waits on the FMA latency). */
 
-/* The lanes each layout computes for T tokens, as paired() weighs them. */
+/* Fewest tokens for quads: 7 and 8 as two vectors, where one vector of 16
+ * wasted half its lanes (isa_avx512.c's bc_min_t: fewer go to gemm_small). */
+enum { QUAD_MIN = 7 };
+
+/* Vectors of 16 / kg tokens for tc tokens, grouped kg k to a token. */
+static inline int group_vectors(int tc, int kg) { return (tc + 16 / kg - 1) / (16 / kg); }
+
+/* Tokens of the chunk that starts with `left` tokens still to go. */
+static inline int group_chunk(int left, int kg) {
+    const int v = group_vectors(left, kg), take = v == 4 ? 2 : v < GROUP_V ? v : GROUP_V;
+    return left < take * (16 / kg) ? left : take * (16 / kg);
+}
+
+/* Most chunks of a grouped product (quads: 128 tokens in chunks of 12). */
+enum { GROUP_CHUNKS_MAX = Q3_BC_TOKENS_MAX / 12 + 2 };
+
+/* The lanes each layout computes for T tokens, as k_group() weighs them. */
 static int lanes_16(int T) {
     const int cs = chunk_of(T);
     int lanes = 0;
@@ -109,9 +133,23 @@ static int lanes_16(int T) {
     return T <= cs && lanes < 32 ? lanes * 5 / 4 : lanes;
 }
 
-static int lanes_pairs(int T) { return 8 * pair_vectors(T) + (pair_vectors(T % PAIR_CHUNK) == 1 ? 4 : 0); }
+static int lanes_grouped(int T, int kg) { return group_vectors(T, kg) * (16 / kg); }
 
-static int paired(int T) { return T >= PAIR_MIN && lanes_pairs(T) < lanes_16(T); }
+/* k per token in a lane group for T tokens: 1 (16-token vectors), 2
+ * (pairs) or 4 (quads), whichever computes the fewest lanes (ties go to
+ * the fewer final reductions), quads' counted 5/4 times: their tiles run
+ * below the others' rate (a broadcast of 4 floats is a shuffle; more,
+ * shorter chunks), so they only pay where the others pad most. The
+ * model's gate and up products of 16 experts (768 x 2048, from DRAM), 2
+ * threads, the three layouts alternating in one process, GFLOP/s (16,
+ * pairs, quads): T = 9 138 / 149 / 185, 12 183 / 195 / 238, 13 198 / 214 /
+ * 169, 17 216 / 222 / 210, 20 211 / 263 / 247, 28 281 / 257 / 261, 36 278
+ * / 291 / 290, 44 323 / 312 / 292. */
+static int k_group(int T) {
+    if (T < PAIR_MIN) return T >= QUAD_MIN ? 4 : 1;
+    const int l1 = lanes_16(T), l2 = lanes_grouped(T, 2), l4 = lanes_grouped(T, 4) * 5 / 4;
+    return l1 <= l2 && l1 <= l4 ? 1 : l2 <= l4 ? 2 : 4;
+}
 
 /* The lanes of the MX decoders that widen rows of dtype wt and K columns:
  * AVX-512's (gemv_mx_avx512.c, 4) where the CPU has AVX512BW and K fits
@@ -215,34 +253,50 @@ static void pack_chunk(float *ap, const float *x, size_t ldx, int T, int K, q3_d
     }
 }
 
-/* The paired panel of T <= PAIR_CHUNK tokens: ap[kp][16 v + 2 t + j] =
- * x[8 v + t][2 kp + j] for v < pair_vectors(T) (zero past T): the float
- * pairs of 8 token rows transposed as doubles. */
-static void pack_pairs(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+/* 4 x 4 blocks of 4 floats, r[i] = row i -> r[j] = block column j. */
+INLINE void transpose4x4(__m512 r[4]) {
+    const __m512 t0 = _mm512_shuffle_f32x4(r[0], r[1], 0x44), t1 = _mm512_shuffle_f32x4(r[0], r[1], 0xEE);
+    const __m512 t2 = _mm512_shuffle_f32x4(r[2], r[3], 0x44), t3 = _mm512_shuffle_f32x4(r[2], r[3], 0xEE);
+    r[0] = _mm512_shuffle_f32x4(t0, t2, 0x88), r[1] = _mm512_shuffle_f32x4(t0, t2, 0xDD);
+    r[2] = _mm512_shuffle_f32x4(t1, t3, 0x88), r[3] = _mm512_shuffle_f32x4(t1, t3, 0xDD);
+}
+
+/* The grouped panel of one chunk of T tokens: ap[kq][16 v + kg t + j] =
+ * x[(16 / kg) v + t][kg kq + j] for v < group_vectors(T, kg) (zero past
+ * T): the groups of 16 / kg token rows transposed as doubles (pairs) or
+ * as blocks of 4 floats (quads). */
+static void pack_groups(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, const int kg) {
     x = mx_permuted(x, &ldx, T, K, wt);
-    const int NV = pair_vectors(T), TP = 16 * NV;
+    const int NV = group_vectors(T, kg), TP = 16 * NV, per = 16 / kg;
     for (int v = 0; v < NV; v++) {
-        const int n = T - 8 * v >= 8 ? 8 : T - 8 * v; /* tokens in this vector */
-        const float *base = x + (size_t)(8 * v) * ldx;
-        for (int kp = 0; kp < K / 2; kp += 8) {
+        const int n = T - per * v >= per ? per : T - per * v; /* tokens in this vector */
+        const float *base = x + (size_t)(per * v) * ldx;
+        for (int kq = 0; kq < K / kg; kq += per) {
             __m512 r[8];
-            load_rows(r, base + 2 * kp, ldx, n, 8);
-            transpose8x2(r);
-            for (int i = 0; i < 8; i++) _mm512_storeu_ps(ap + (size_t)(kp + i) * TP + 16 * v, r[i]);
+            if (kg == 2) {
+                load_rows(r, base + 2 * kq, ldx, n, 8);
+                transpose8x2(r);
+            } else {
+                load_rows(r, base + 4 * kq, ldx, n, 4);
+                transpose4x4(r);
+            }
+            for (int i = 0; i < per; i++) _mm512_storeu_ps(ap + (size_t)(kq + i) * TP + 16 * v, r[i]);
         }
     }
 }
 
 /* Chunks of chunk_of(T) tokens, the one from token t0 at ap + t0 * K: at
  * most T * K + REM_MAX * PAD floats in all, or (T rounded up to 16) * K
- * where the last chunk pads a vector; paired products as chunks of
- * PAIR_CHUNK tokens (pack_pairs), (T rounded up to 8) * K floats. */
+ * where the last chunk pads a vector; grouped products as group_chunk
+ * says (pack_groups), (T rounded up to 16 / kg) * K floats. */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
-    if (paired(T)) {
-        for (int t0 = 0; t0 < T; t0 += PAIR_CHUNK)
-            pack_pairs(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, T - t0 < PAIR_CHUNK ? T - t0 : PAIR_CHUNK, K, wt);
-        return;
+    const int kg = k_group(T);
+    for (int t0 = 0, tc; kg > 1 && t0 < T; t0 += tc) {
+        tc = group_chunk(T - t0, kg);
+        if (kg == 2) pack_groups(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, tc, K, wt, 2);
+        else pack_groups(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, tc, K, wt, 4);
     }
+    if (kg > 1) return;
     const int cs = chunk_of(T);
     for (int t0 = 0; t0 < T; t0 += cs) pack_chunk(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, T - t0 < cs ? T - t0 : cs, K, wt);
 }
@@ -277,10 +331,10 @@ INLINE void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
         }
 }
 
-/* Rows per tile: 8, and 16 where a product is one unpaired token vector
- * (since pairs start at 9 tokens: MX products of 7-8 tokens that no tokens
- * GEMV takes): 8 accumulators, one FMA each per k, left the FMA latency
- * exposed. (16 rows measured 30 % slower with 512-column blocks, whose
+/* Rows per tile: 8, and 16 where a product is one ungrouped token vector
+ * (since quads start at 7 tokens: MX products of up to 6 tokens that no
+ * tokens GEMV takes): 8 accumulators, one FMA each per k, left the FMA
+ * latency exposed. (16 rows measured 30 % slower with 512-column blocks, whose
  * widened rows then overflowed L1.) kernel_bench 1536 2048 T: T = 8 106 ->
  * 119, 16 205 -> 243, 19 202 -> 230 GFLOP/s; q30b8 BF16 prefill 512, three
  * pairs: experts 224-226 -> 226-233 GFLOP/s. */
@@ -348,39 +402,56 @@ INLINE void widen_step(widen_job *wj) {
     if ((wj->c += 16) == wj->n) wj->c = 0, wj->r++, wj->dst += wj->ws - wj->n;
 }
 
+/* One panel row (KG k of TB token vectors at apk) against the NR widened
+ * rows' columns kk .. kk + KG - 1 at wb[r * ws ..]. */
+INLINE void tile_row(__m512 acc[][3], const float *apk, const float *wb, int ws, int kk, const int NR, const int TB,
+                     const int KG) {
+    const int TP = 16 * TB;
+    __m512 a[3];
+#pragma GCC unroll 3
+    for (int tb = 0; tb < TB; tb++) _mm_prefetch((const char *)(apk + AP_AHEAD * TP + 16 * tb), _MM_HINT_T0);
+#pragma GCC unroll 3
+    for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(apk + 16 * tb);
+#pragma GCC unroll 16
+    for (int r = 0; r < NR; r++) {
+        const float *wr = wb + (size_t)r * ws + kk;
+        double w2; /* the pair (a load that broadcasts: from a register, each took a shuffle uop) */
+        if (KG == 2) memcpy(&w2, wr, sizeof w2);
+        const __m512 w = KG == 4   ? _mm512_broadcast_f32x4(_mm_loadu_ps(wr))
+                         : KG == 2 ? _mm512_castpd_ps(_mm512_set1_pd(w2))
+                                   : _mm512_set1_ps(*wr);
+#pragma GCC unroll 3
+        for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
+    }
+}
+
 /* stage[r * ts + t] for r < NR, t < 16 * TB: columns k0 .. k0 + kc of
  * the products, from the NR widened rows' columns at wb[r * ws ..], added
- * to the stage's sums of the columns before k0. */
+ * to the stage's sums of the columns before k0. Grouped layouts (KG k to a
+ * token): a panel row per KG k. */
 INLINE void tile(float *stage, int ts, const float *ap, int k0, int kc, const float *wb, int ws, const int NR, const int TB,
-                 const int PAIR, next_rows *nx, widen_job *wj) {
+                 const int KG, next_rows *nx, widen_job *wj) {
     const int TP = 16 * TB;
     __m512 acc[2 * ROWS][3];
 #pragma GCC unroll 16
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int tb = 0; tb < TB; tb++) acc[r][tb] = k0 ? _mm512_loadu_ps(stage + (size_t)r * ts + 16 * tb) : _mm512_setzero_ps();
-    const float *apk = ap + (size_t)(PAIR ? k0 / 2 : k0) * TP; /* PAIR: a panel row per two k */
-    for (int k = 0; k < kc; k += 2) { /* kc is even; a widening step per two k and 8 rows */
+    const float *apk = ap + (size_t)(k0 / KG) * TP;
+    /* kc % 4 == 0; a widening step per two k and 8 rows, 2 or 4 k at a time */
+    for (int k = 0; k < kc; k += KG == 4 ? 4 : 2) {
         next_rows_step(nx);
 #pragma GCC unroll 2
         for (int i = 0; i < NR / ROWS; i++) widen_step(wj);
-#pragma GCC unroll 2
-        for (int i = 0; i < 2 - PAIR; i++, apk += TP) {
-            const int kk = k + i;
-            __m512 a[3];
-#pragma GCC unroll 3
-            for (int tb = 0; tb < TB; tb++) _mm_prefetch((const char *)(apk + AP_AHEAD * TP + 16 * tb), _MM_HINT_T0);
-#pragma GCC unroll 3
-            for (int tb = 0; tb < TB; tb++) a[tb] = _mm512_loadu_ps(apk + 16 * tb);
-#pragma GCC unroll 16
-            for (int r = 0; r < NR; r++) {
-                const float *wr = wb + (size_t)r * ws + kk;
-                double w2; /* the pair (a load that broadcasts: from a register, each took a shuffle uop) */
-                if (PAIR) memcpy(&w2, wr, sizeof w2);
-                const __m512 w = PAIR ? _mm512_castpd_ps(_mm512_set1_pd(w2)) : _mm512_set1_ps(*wr);
-#pragma GCC unroll 3
-                for (int tb = 0; tb < TB; tb++) acc[r][tb] = _mm512_fmadd_ps(w, a[tb], acc[r][tb]);
-            }
+        if (KG == 4) {
+            next_rows_step(nx);
+            widen_step(wj); /* (quads: 8 rows) */
+        }
+        tile_row(acc, apk, wb, ws, k, NR, TB, KG);
+        apk += TP;
+        if (KG == 1) {
+            tile_row(acc, apk, wb, ws, k + 1, NR, TB, KG);
+            apk += TP;
         }
     }
 #pragma GCC unroll 16
@@ -435,39 +506,51 @@ static void rem_dots(__m512 *part, const float *wb, int ws, const float *xr, int
     }
 }
 
-/* stage[r * ts + 8 v + t] for r < ROWS, v < nv, t < 8: each token's
- * two halves (paired lanes 2 t and 2 t + 1 of pst[r * 16 PAIR_V + 16 v])
- * added. */
-static void pair_sums(float *stage, int ts, const float *pst, int nv) {
+/* stage[r * ts + p v + t] for r < ROWS, v < nv, t < p = 16 / kg: each
+ * token's kg partial sums (lanes kg t .. kg t + kg - 1 of pst[r * 16
+ * GROUP_V + 16 v]) added, pairs first. */
+static void group_sums(float *stage, int ts, const float *pst, int nv, int kg) {
     for (int r = 0; r < ROWS; r++)
         for (int v = 0; v < nv; v++) {
-            const __m512 x = _mm512_loadu_ps(pst + (size_t)r * 16 * PAIR_V + 16 * v);
-            const __m512 s = _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));
-            _mm256_storeu_ps(stage + (size_t)r * ts + 8 * v, _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, s)));
+            const __m512 x = _mm512_loadu_ps(pst + (size_t)r * 16 * GROUP_V + 16 * v);
+            __m512 s = _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));
+            float *dst = stage + (size_t)r * ts + (16 / kg) * v;
+            if (kg == 2) _mm256_storeu_ps(dst, _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, s)));
+            else {
+                s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));
+                _mm_storeu_ps(dst, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, s)));
+            }
         }
+}
+
+/* A grouped chunk's tile (nv vectors of KG k to a token) into pst. */
+INLINE void group_tile(float *pst, const float *apc, int k0, int kc, const float *wb, int ws, int nv, const int KG,
+                       next_rows *nx, widen_job *wj) {
+    if (nv == 3) tile(pst, 16 * GROUP_V, apc, k0, kc, wb, ws, ROWS, 3, KG, nx, wj);
+    else if (nv == 2) tile(pst, 16 * GROUP_V, apc, k0, kc, wb, ws, ROWS, 2, KG, nx, wj);
+    else tile(pst, 16 * GROUP_V, apc, k0, kc, wb, ws, ROWS, 1, KG, nx, wj);
 }
 
 /* One chunk (tc tokens, packed at apc) against the G widened rows' columns
  * k0 .. k0 + kc (G = 16 only for one token vector), into stage columns
  * from st; the remainder's partial sums wait in part (8 rows at a time) and
- * are reduced into the stage after the last columns. Paired products (G =
- * 8) keep their sums in pst until then. */
+ * are reduced into the stage after the last columns. Grouped products (kg
+ * k to a token, G = 8) keep their sums in pst until then. */
 INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k0, int kc, const float *wb, int ws,
-                       const int G, int pair, float *pst, __m512 *part, next_rows *nx, widen_job *wj) {
-    if (G == ROWS && pair) {
-        const int nv = pair_vectors(tc);
-        if (nv == 3) tile(pst, 16 * PAIR_V, apc, k0, kc, wb, ws, ROWS, 3, 1, nx, wj);
-        else if (nv == 2) tile(pst, 16 * PAIR_V, apc, k0, kc, wb, ws, ROWS, 2, 1, nx, wj);
-        else tile(pst, 16 * PAIR_V, apc, k0, kc, wb, ws, ROWS, 1, 1, nx, wj);
-        if (k0 + kc == K) pair_sums(st, ts, pst, nv);
+                       const int G, int kg, float *pst, __m512 *part, next_rows *nx, widen_job *wj) {
+    if (G == ROWS && kg > 1) {
+        const int nv = group_vectors(tc, kg);
+        if (kg == 4) group_tile(pst, apc, k0, kc, wb, ws, nv, 4, nx, wj);
+        else group_tile(pst, apc, k0, kc, wb, ws, nv, 2, nx, wj);
+        if (k0 + kc == K) group_sums(st, ts, pst, nv, kg);
         return;
     }
     int tv, rem;
     q3_split_tokens(tc, REM_MAX, &tv, &rem);
-    if (G == 2 * ROWS) tile(st, ts, apc, k0, kc, wb, ws, 2 * ROWS, 1, 0, nx, wj); /* only for tv == 1 */
-    else if (tv == 1) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 1, 0, nx, wj);
-    else if (tv == 2) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 2, 0, nx, wj);
-    else if (tv == 3) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 3, 0, nx, wj);
+    if (G == 2 * ROWS) tile(st, ts, apc, k0, kc, wb, ws, 2 * ROWS, 1, 1, nx, wj); /* only for tv == 1 */
+    else if (tv == 1) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 1, 1, nx, wj);
+    else if (tv == 2) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 2, 1, nx, wj);
+    else if (tv == 3) tile(st, ts, apc, k0, kc, wb, ws, ROWS, 3, 1, nx, wj);
     if (!rem) return;
     for (int h = 0; h < G / ROWS; h++) {
         __m512 *ph = part + h * ROWS * REM_MAX;
@@ -483,7 +566,7 @@ INLINE void chunk_rows(float *st, int ts, const float *apc, int tc, int K, int k
 typedef struct {
     const float *ap;
     int T, K, cs, ts, KB, ws, block, whole; /* whole: rows widened whole, ws = K + PAD */
-    int pair;                               /* paired(T) */
+    int kg;                                 /* k_group(T) */
     size_t rs;
     int steps;
 } bc_shape;
@@ -507,7 +590,7 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
         next_rows nx = next_rows_of((const char *)W->data + (size_t)(rg + G) * rs, nrows > 0 ? (size_t)nrows * rs : 0, sh->steps);
         float *st = stage + (size_t)at * ts;
         __m512 part[2 * ROWS * REM_MAX];
-        float pst[(Q3_BC_TOKENS_MAX / PAIR_CHUNK + 1) * ROWS * 16 * PAIR_V] __attribute__((aligned(64)));
+        float pst[GROUP_CHUNKS_MAX * ROWS * 16 * GROUP_V] __attribute__((aligned(64)));
         for (int k0 = 0; k0 < K; k0 += KB) {
             const int kc = K - k0 < KB ? K - k0 : KB;
             if (piped) {
@@ -526,14 +609,14 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
             } else if (!whole || k0 == 0)
                 for (int r = 0; r < G; r++) /* rows past R repeat the last one; their results are dropped */
                     widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
-            for (int t0 = 0; t0 < T; t0 += cs) {
-                const int tc = T - t0 < cs ? T - t0 : cs;
-                float *pc = pst + (size_t)(t0 / cs) * ROWS * 16 * PAIR_V;
-                if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, sh->pair, pc, part, &nx, &wj);
+            for (int t0 = 0, ci = 0, tc; t0 < T; t0 += tc, ci++) {
+                tc = sh->kg > 1 ? group_chunk(T - t0, sh->kg) : T - t0 < cs ? T - t0 : cs;
+                float *pc = pst + (size_t)ci * ROWS * 16 * GROUP_V;
+                if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, sh->kg, pc, part, &nx, &wj);
                 else if (block == BLOCK)
-                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, sh->pair, pc, part, &nx, &wj);
+                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK + PAD, G, sh->kg, pc, part, &nx, &wj);
                 else
-                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, sh->pair, pc, part, &nx,
+                    chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, BLOCK_CHUNKS + PAD, G, sh->kg, pc, part, &nx,
                                &wj);
             }
         }
@@ -549,12 +632,13 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
                                                : (W->rs ? W->rs : (size_t)K) * (W->dtype == Q3_F32 ? 4 : 2);
     /* Stage row: each chunk's tokens (the last one's padded lanes too). */
     int tv, rem, ts;
-    const int pair = paired(T), cs = pair ? PAIR_CHUNK : chunk_of(T), last = (T - 1) / cs * cs;
+    /* cs: the first chunk's tokens (grouped products: chunks as group_chunk says) */
+    const int kg = k_group(T), cs = kg > 1 ? group_chunk(T, kg) : chunk_of(T), last = (T - 1) / cs * cs;
     q3_split_tokens(T - last, REM_MAX, &tv, &rem);
-    ts = pair ? (T + 7) / 8 * 8 : last + 16 * tv + rem;
+    ts = kg > 1 ? lanes_grouped(T, kg) : last + 16 * tv + rem;
     /* Steps of k over which the next rows are prefetched: the first chunk's tile, or its remainder's. */
     q3_split_tokens(T < cs ? T : cs, REM_MAX, &tv, &rem);
-    const int steps = tv || pair ? K / 2 : (K / 16) * ((rem + 2) / 3);
+    const int steps = tv || kg > 1 ? K / 2 : (K / 16) * ((rem + 2) / 3);
     /* Rows widen a block of columns at a time, so the 8 rows' block stays
      * in L1 for every chunk. MX rows too (the 512-bit decoders' order is a
      * permutation within 64 or 128 columns), MXFP4 ones 512 columns at a
@@ -569,8 +653,8 @@ void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_
     const int KB = whole ? K : block, ws = whole ? K + PAD : block + PAD;
     /* Rows per group: 16 where the products are one unpaired token vector
      * (8 accumulators would wait on the FMA latency), else 8. */
-    const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, whole, pair, rs, steps};
-    if (!pair && T <= cs && tv == 1) row_groups(out, ldo, W, r0, r1, wbuf, &sh, 2 * ROWS);
+    const bc_shape sh = {ap, T, K, cs, ts, KB, ws, block, whole, kg, rs, steps};
+    if (kg == 1 && T <= cs && tv == 1) row_groups(out, ldo, W, r0, r1, wbuf, &sh, 2 * ROWS);
     else row_groups(out, ldo, W, r0, r1, wbuf, &sh, ROWS);
 }
 #pragma GCC pop_options

@@ -436,8 +436,10 @@ const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = mi
      * GFLOP/s (kernel_bench 1536 2048 T, T = 2-8), gemm_small at 121-166, and it prefetches its rows.
      * q30b8 BF16 prefill, two pairs: 32 tokens 78.0 / 79.0 -> 99.1 / 93.8 tok/s, 128 151.5 / 151.8 ->
      * 160.3 / 164.4, 512 237.0 / 240.0 -> 244.7 / 241.3. (AVX2's 256-bit kernel, without prefetch, had
-     * measured 10 % slower in the model.) */
-    .bc_min_t = 9,
+     * measured 10 % slower in the model.) From 7 tokens the broadcast GEMM's quads (4 tokens x 4 k per
+     * vector) pad nothing: the model's gate and up products of 32 experts, 2 threads, both in one
+     * process, GFLOP/s: T = 6 153 / 142 (gemm_small / quads), 7 151 / 165, 8 149 / 189. */
+    .bc_min_t = 7,
     /* A few tokens as one GEMV each rather than widening every MX row to fp32 for the broadcast GEMM:
      * kernel_bench mx 1536 2048 20 T, Intel Xeon, GFLOP/s: MXFP4 A8 T = 2 33 -> 69, T = 4 30 -> 55, but
      * T = 6 65 -> 53; MXINT8 inputs (VNNI GEMV) T = 2 33 -> 194, T = 4 30 -> 150, T = 6 64 -> 144. */

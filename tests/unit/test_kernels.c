@@ -189,13 +189,23 @@ static void test_matmul(void) {
         check_matmul(Q3_BF16, 51, 21, 768);
         check_matmul(Q3_F16, 111, 13, 96);
         check_matmul(Q3_F32, 128, 11, 160);
-        /* AVX-512 paired lanes (8 tokens x 2 k per vector) in chunks of 24:
-         * one chunk of two vectors, the second partial; 3 + 2 vectors; 3 + 3
-         * + 1 with a partial last vector and row group; 3 + 3 + 3 + 3 + 1. */
+        /* AVX-512 paired lanes (8 tokens x 2 k per vector) in chunks of up
+         * to 3 vectors: one chunk of two vectors, the second partial; 3 + 2
+         * vectors; 3 + 2 + 2 with a partial last vector and row group; 3 +
+         * 3 + 3 + 2 + 2. */
         check_matmul(Q3_F32, 13, 17, 64);
         check_matmul(Q3_BF16, 40, 24, 2048);
         check_matmul(Q3_F16, 53, 19, 96);
         check_matmul(Q3_BF16, 100, 9, 272);
+        /* AVX-512 quads (4 tokens x 4 k per vector), 7-12 tokens: 2 or 3
+         * vectors, the last partial (7, 9, 10, 11) or whole (8, 12), a
+         * partial row group, a hidden-sized reduction, each dtype. */
+        check_matmul(Q3_BF16, 7, 19, 2048);
+        check_matmul(Q3_F16, 8, 33, 96);
+        check_matmul(Q3_BF16, 9, 21, 64);
+        check_matmul(Q3_F16, 10, 17, 160);
+        check_matmul(Q3_F32, 11, 9, 96);
+        check_matmul(Q3_BF16, 12, 37, 2048);
         /* The AVX2 weights-broadcast GEMM takes up to 128 tokens: odd and
          * even token-vector counts, K past one column block with a short
          * last block, the first size past its limit (panel GEMM). */
@@ -422,6 +432,8 @@ static void test_mx_matmul(void) {
     check_mx_a8(Q3_MXINT8, 128, 300, 512, Q3_MXINT8, 0);
     check_mx_a8(Q3_MXFP4, 64, 30, 256, Q3_MXFP8, 0);   /* two equal passes of 32 */
     check_mx_a8(Q3_MXFP4, 20, 40, 256, Q3_MXFP8, 1);   /* panels falling back to fp32 */
+    check_mx_a8(Q3_MXFP4, 11, 37, 256, Q3_F32, 0);     /* fp32 inputs in quads (the MX decoders' order) */
+    check_mx_a8(Q3_MXFP8, 12, 21, 192, Q3_F32, 0);
     check_mx(Q3_MXFP8, 1, 37, 256);
     check_mx(Q3_MXFP4, 1, 37, 256);
     check_mx(Q3_MXFP8, 9, 40, 320);
