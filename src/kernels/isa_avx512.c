@@ -68,58 +68,78 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
     }
 }
 
-/* Few tokens: 2 weight rows x up to 8 tokens of accumulators. Each weight
- * vector is widened once, in a register, for all the tokens. Every (row,
- * token) result is a 16-lane accumulation over k in order and one
- * reduction, whatever the block. (K % 16 == 0.)
- * The next pair's rows are prefetched into L2 as one stream, spread over
- * this pair's steps: a fixed distance ahead of each row's own stream, as
+/* Few tokens: R (2 or 4) weight rows x up to 8 tokens of accumulators.
+ * Each weight vector is widened once, in a register, for all the tokens.
+ * Every (row, token) result is a 16-lane accumulation over k in order and
+ * one reduction, whatever the block. (K % 16 == 0.)
+ * The next R rows are prefetched into L2 as one stream, spread over
+ * these rows' steps: a fixed distance ahead of each row's own stream, as
  * the GEMV prefetches, reached a pair's second row only from its first,
  * and DRAM serves two streams a row apart at half the rate of one (a
  * microbenchmark: 31 against 59-63 GB/s). The model's experts of 2-8
  * tokens of a 512-token q30b8 prefill (q3_matmul_jobs, huge pages), GEMV
  * distance -> this, 2 threads: 105-112 -> 116-118 GFLOP/s; one thread 56-57
- * -> 61-62 (into L1 instead: 54-60; 2, 4 or 8 rows ahead per row: 53-58). */
+ * -> 61-62 (into L1 instead: 54-60; 2, 4 or 8 rows ahead per row: 53-58).
+ * 4 rows load each token's inputs half as often per FMA (8 tokens of
+ * inputs, 64 KiB for K = 2048, do not stay in L1): the gate and up
+ * products of 32 experts (768 x 2048, from DRAM), 2 threads, both in one
+ * process, 2 -> 4 rows: T = 2 0.93-0.99 of the time (once 1.08), 3 0.91-0.97,
+ * 4 0.93-0.95, 5 0.84-0.86, 6 0.78-0.84; down (2048 x 768) T = 6 0.77. */
 INLINE void small_block(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, const int TB,
-                        q3_dtype dt) {
+                        const int R, q3_dtype dt) {
     const int K = W->cols;
     const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2;
-    const size_t o0 = (size_t)r * rs, o1 = o0 + rs;
-    const char *d = W->data, *next = d + (o0 + 2 * rs) * es;
-    __m512 acc[2][8];
+    const size_t o0 = (size_t)r * rs;
+    const char *d = W->data, *next = d + (o0 + R * rs) * es;
+    __m512 acc[4][8];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-    for (int t = 0; t < TB; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+        for (int t = 0; t < TB; t++) acc[i][t] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 16) {
-        for (size_t o = 0; o < 32 * es; o += 64) _mm_prefetch(next + (size_t)k * 2 * es + o, _MM_HINT_T1);
-        const __m512 w0 = load16(d, o0 + k, dt), w1 = load16(d, o1 + k, dt);
+        for (size_t o = 0; o < R * 16 * es; o += 64) _mm_prefetch(next + (size_t)k * R * es + o, _MM_HINT_T1);
+        __m512 w[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) w[i] = load16(d, o0 + (size_t)i * rs + k, dt);
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
             const __m512 xv = _mm512_loadu_ps(x + (size_t)(t0 + t) * ldx + k);
-            acc[0][t] = _mm512_fmadd_ps(w0, xv, acc[0][t]);
-            acc[1][t] = _mm512_fmadd_ps(w1, xv, acc[1][t]);
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) acc[i][t] = _mm512_fmadd_ps(w[i], xv, acc[i][t]);
         }
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < TB; t++) {
-        out[(size_t)(t0 + t) * ldo + r] = _mm512_reduce_add_ps(acc[0][t]);
-        out[(size_t)(t0 + t) * ldo + r + 1] = _mm512_reduce_add_ps(acc[1][t]);
+    for (int t = 0; t < TB; t++)
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) out[(size_t)(t0 + t) * ldo + r + i] = _mm512_reduce_add_ps(acc[i][t]);
+}
+
+/* Rows r .. r + R - 1 against tb <= 8 tokens from t0 (R == 4: tb <= 6). */
+INLINE void small_rows(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, int tb, const int R,
+                       q3_dtype dt) {
+    switch (tb) {
+    case 1: small_block(out, ldo, x, ldx, W, r, t0, 1, R, dt); break;
+    case 2: small_block(out, ldo, x, ldx, W, r, t0, 2, R, dt); break;
+    case 3: small_block(out, ldo, x, ldx, W, r, t0, 3, R, dt); break;
+    case 4: small_block(out, ldo, x, ldx, W, r, t0, 4, R, dt); break;
+    case 5: small_block(out, ldo, x, ldx, W, r, t0, 5, R, dt); break;
+    case 6: small_block(out, ldo, x, ldx, W, r, t0, 6, R, dt); break;
+    case 7: if (R == 2) small_block(out, ldo, x, ldx, W, r, t0, 7, 2, dt); break;
+    default: if (R == 2) small_block(out, ldo, x, ldx, W, r, t0, 8, 2, dt); break;
     }
 }
 
+/* 4 rows at a time for up to 6 tokens (24 accumulators; a last 2 where
+ * the rows are 2 short of a multiple of 4), else 2. */
 INLINE void small_t(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1, q3_dtype dt) {
-    for (int r = r0; r < r1; r += 2)
+    for (int r = r0, R; r < r1; r += R) {
+        R = T <= 6 && r1 - r >= 4 ? 4 : 2;
         for (int t0 = 0; t0 < T; t0 += 8) {
-            switch (T - t0 < 8 ? T - t0 : 8) {
-            case 1: small_block(out, ldo, x, ldx, W, r, t0, 1, dt); break;
-            case 2: small_block(out, ldo, x, ldx, W, r, t0, 2, dt); break;
-            case 3: small_block(out, ldo, x, ldx, W, r, t0, 3, dt); break;
-            case 4: small_block(out, ldo, x, ldx, W, r, t0, 4, dt); break;
-            case 5: small_block(out, ldo, x, ldx, W, r, t0, 5, dt); break;
-            case 6: small_block(out, ldo, x, ldx, W, r, t0, 6, dt); break;
-            case 7: small_block(out, ldo, x, ldx, W, r, t0, 7, dt); break;
-            default: small_block(out, ldo, x, ldx, W, r, t0, 8, dt); break;
-            }
+            const int tb = T - t0 < 8 ? T - t0 : 8;
+            if (R == 4) small_rows(out, ldo, x, ldx, W, r, t0, tb, 4, dt);
+            else small_rows(out, ldo, x, ldx, W, r, t0, tb, 2, dt);
         }
+    }
 }
 
 /* Products of 2 .. bc_min_t - 1 tokens, and up to 16 where K is past the

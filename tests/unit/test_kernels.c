@@ -159,6 +159,8 @@ static void test_matmul(void) {
         check_matmul(Q3_BF16, 5, 10, 8448); /* K past the tokens-in-lanes limit: few-token kernel */
         check_matmul(Q3_F16, 13, 6, 8448);  /* ... in two token blocks (8 + 5) */
         check_matmul(Q3_F32, 8, 20, 272);   /* AVX-512: every product of 2-8 tokens, each dtype */
+        check_matmul(Q3_F32, 3, 22, 64);    /* AVX-512 few-token kernel: 4 rows at a time, a last 2 */
+        check_matmul(Q3_BF16, 6, 14, 96);
         check_matmul(Q3_F16, 2, 18, 48);
         /* Tokens-in-lanes BF16 kernels: 1, 2 and 3 token vectors, partial
          * tiles and stages, remainder tokens (with a reduction of 16 pairs
