@@ -118,6 +118,10 @@ static inline int group_chunk(int left, int kg) {
     return left < take * (16 / kg) ? left : take * (16 / kg);
 }
 
+/* Tokens of the next chunk, `left` still to go: chunks of cs tokens (16-token
+ * vectors, kg 1), or as group_chunk says. */
+static inline int next_chunk(int left, int kg, int cs) { return kg > 1 ? group_chunk(left, kg) : left < cs ? left : cs; }
+
 /* Most chunks of a grouped product (quads: 128 tokens in chunks of 12). */
 enum { GROUP_CHUNKS_MAX = Q3_BC_TOKENS_MAX / 12 + 2 };
 
@@ -265,7 +269,7 @@ INLINE void transpose4x4(__m512 r[4]) {
  * x[(16 / kg) v + t][kg kq + j] for v < group_vectors(T, kg) (zero past
  * T): the groups of 16 / kg token rows transposed as doubles (pairs) or
  * as blocks of 4 floats (quads). */
-static void pack_groups(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, const int kg) {
+static void pack_groups(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, int kg) {
     x = mx_permuted(x, &ldx, T, K, wt);
     const int NV = group_vectors(T, kg), TP = 16 * NV, per = 16 / kg;
     for (int v = 0; v < NV; v++) {
@@ -290,15 +294,12 @@ static void pack_groups(float *ap, const float *x, size_t ldx, int T, int K, q3_
  * where the last chunk pads a vector; grouped products as group_chunk
  * says (pack_groups), (T rounded up to 16 / kg) * K floats. */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
-    const int kg = k_group(T);
-    for (int t0 = 0, tc; kg > 1 && t0 < T; t0 += tc) {
-        tc = group_chunk(T - t0, kg);
-        if (kg == 2) pack_groups(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, tc, K, wt, 2);
-        else pack_groups(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, tc, K, wt, 4);
+    const int kg = k_group(T), cs = chunk_of(T);
+    for (int t0 = 0, tc; t0 < T; t0 += tc) {
+        tc = next_chunk(T - t0, kg, cs);
+        if (kg > 1) pack_groups(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, tc, K, wt, kg);
+        else pack_chunk(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, tc, K, wt);
     }
-    if (kg > 1) return;
-    const int cs = chunk_of(T);
-    for (int t0 = 0; t0 < T; t0 += cs) pack_chunk(ap + (size_t)t0 * K, x + (size_t)t0 * ldx, ldx, T - t0 < cs ? T - t0 : cs, K, wt);
 }
 
 /* Row r of W widened to fp32 (contiguous rows, K % 16 == 0; MX rows: K %
@@ -610,7 +611,7 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
                 for (int r = 0; r < G; r++) /* rows past R repeat the last one; their results are dropped */
                     widen_row(wbuf + (size_t)r * ws, W, rg + (r < R ? r : R - 1), k0, kc);
             for (int t0 = 0, ci = 0, tc; t0 < T; t0 += tc, ci++) {
-                tc = sh->kg > 1 ? group_chunk(T - t0, sh->kg) : T - t0 < cs ? T - t0 : cs;
+                tc = next_chunk(T - t0, sh->kg, cs);
                 float *pc = pst + (size_t)ci * ROWS * 16 * GROUP_V;
                 if (whole) chunk_rows(st + t0, ts, ap + (size_t)t0 * K, tc, K, k0, kc, wb, ws, G, sh->kg, pc, part, &nx, &wj);
                 else if (block == BLOCK)
