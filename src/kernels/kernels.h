@@ -36,6 +36,8 @@ typedef struct {
 
 /* Bytes of weight data (elements + scales) the matrix occupies. */
 size_t q3_mat_bytes(const q3_mat *W);
+/* Rows [r0, r0 + n) of W, as a matrix of n rows over the same storage. */
+q3_mat q3_mat_rows(const q3_mat *W, int r0, int n);
 /* W[r, k0 .. k0+n) widened to fp32 (any dtype, any stride). */
 void q3_mat_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);
 
@@ -54,7 +56,11 @@ const char *q3_kernels_desc(void);
 void q3_kernels_force(q3_isa isa);
 
 /* One product: out[t, r] = sum_k x[t, k] * W[r, k], t < T, r < W->rows.
- * x rows are ldx floats apart, out rows ldo floats apart. */
+ * x rows are ldx floats apart, out rows ldo floats apart. With up (the
+ * merged gate/up of a SwiGLU MLP, same shape and dtype as W):
+ * out[t, r] = silu(sum_k x[t, k] W[r, k]) * sum_k x[t, k] up[r, k], both
+ * products of each panel of rows computed by one thread and combined
+ * while they are in its cache. */
 typedef struct {
     float *out;
     size_t ldo;
@@ -62,6 +68,7 @@ typedef struct {
     size_t ldx;
     int T;
     const q3_mat *W;
+    const q3_mat *up;
 } q3_mm_job;
 
 /* Run several independent products in one parallel pass (merged QKV,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/isa.h"
+#include "kernels/prefetch.h"
 #include "kernels/scratch.h"
 #include "util/error.h"
 
@@ -349,6 +350,38 @@ static void run_panel(const q3_mm_job *jb, const float *tiles, int r0) {
     }
 }
 
+/* Rows [r0, r0 + nr) of a merged gate/up job (jb->up): the gate and the up
+ * products of those rows into the thread's scratch, by the kernels the
+ * plain jobs would take (the panel GEMM with the job's packed input tiles,
+ * or a GEMV over many panels' rows, gemv), then out = silu(gate) * up, each
+ * token's nr values at once (as a separate pass over whole rows would
+ * compute them: SwiGLU is elementwise). */
+static void run_glu(const q3_mm_job *jb, const float *tiles, int r0, int nr, int gemv) {
+    float *g = q3_scratch(Q3_SCR_GLU, (size_t)2 * jb->T * nr * sizeof *g), *u = g + (size_t)jb->T * nr;
+    /* rows from r0 to the matrices' end, so the kernels' prefetch of next rows still sees them */
+    const q3_mat gw = q3_mat_rows(jb->W, r0, jb->W->rows - r0), uw = q3_mat_rows(jb->up, r0, jb->up->rows - r0);
+    const q3_mm_job gj = {g, (size_t)nr, jb->x, jb->ldx, jb->T, &gw, NULL}, uj = {u, (size_t)nr, jb->x, jb->ldx, jb->T, &uw, NULL};
+    if (gemv) {
+        /* The up rows' first lines, fetched while the gate rows stream: the
+         * GEMV's own prefetch only runs ahead within a stream, and in decode
+         * each take of a thread's run switches streams twice. */
+        q3_pf_lines(uw.data, 0, Q3_PF_WEIGHTS);
+        if (uw.scales) q3_pf_lines(uw.scales, 0, Q3_SC_PF_BYTES);
+        other_kernel(&gj, 0, nr, 1);
+        other_kernel(&uj, 0, nr, 1);
+    } else {
+        run_panel(&gj, tiles, 0);
+        run_panel(&uj, tiles, 0);
+    }
+    for (int t = 0; t < jb->T; t++) q3_swiglu(jb->out + (size_t)t * jb->ldo + r0, g + (size_t)t * nr, u + (size_t)t * nr, nr);
+}
+
+/* One panel of a job, merged gate/up or plain. */
+static void run_job_panel(const q3_mm_job *jb, const float *tiles, int r0) {
+    if (jb->up) run_glu(jb, tiles, r0, jb->W->rows - r0 < Q3_NR ? jb->W->rows - r0 : Q3_NR, 0);
+    else run_panel(jb, tiles, r0);
+}
+
 static inline int panels_of(const q3_mm_job *jb) { return jb->T > 0 ? (jb->W->rows + Q3_NR - 1) / Q3_NR : 0; }
 
 /* Threads take chunks of consecutive panels from a shared counter, so a
@@ -371,7 +404,7 @@ static void run_chunks(const q3_mm_job *jobs, float *const *tiles, int npanels, 
         const int p1 = p0 + n < npanels ? p0 + n : npanels;
         for (int p = p0; p < p1; p++) {
             while (p >= base + panels_of(&jobs[j])) base += panels_of(&jobs[j]), j++;
-            run_panel(&jobs[j], tiles ? tiles[j] : NULL, (p - base) * Q3_NR);
+            run_job_panel(&jobs[j], tiles ? tiles[j] : NULL, (p - base) * Q3_NR);
         }
     }
 }
@@ -448,7 +481,8 @@ enum { TAKE_MOST = 16 };
  * take it, measured within 1 % in a 512-token prefill.) */
 static void run_rows(const q3_mm_job *jb, int q0, int q1) {
     const int r0 = q0 * Q3_NR, r1 = q1 * Q3_NR < jb->W->rows ? q1 * Q3_NR : jb->W->rows;
-    other_kernel(jb, r0, r1 - r0, 1);
+    if (jb->up) run_glu(jb, NULL, r0, r1 - r0, 1);
+    else other_kernel(jb, r0, r1 - r0, 1);
 }
 
 /* One-token jobs only (run_rows). */
@@ -547,9 +581,10 @@ void q3_matmul_jobs(const q3_mm_job *jobs, int n) {
     g_stats.seconds += dt;
     g_stats.part_seconds[g_part] += dt;
     for (int j = 0; j < n; j++) {
-        const double flops = 2.0 * jobs[j].T * jobs[j].W->rows * jobs[j].W->cols;
+        const int nm = jobs[j].up ? 2 : 1; /* a merged gate/up job is two products */
+        const double flops = 2.0 * nm * jobs[j].T * jobs[j].W->rows * jobs[j].W->cols;
         g_stats.flops += flops, g_stats.part_flops[g_part] += flops;
-        if (jobs[j].T > 0) g_stats.part_bytes[g_part] += (double)q3_mat_bytes(jobs[j].W);
+        if (jobs[j].T > 0) g_stats.part_bytes[g_part] += (double)nm * q3_mat_bytes(jobs[j].W);
     }
 }
 
@@ -605,7 +640,7 @@ static void run_pass(const q3_mm_job *jobs, int n) {
     int npanels = 0, several = 0;
     for (int j = 0; j < n; j++) {
         several |= jobs[j].T > 1;
-        if (jobs[j].T > 0) total += (double)jobs[j].W->rows * jobs[j].W->cols * (jobs[j].T + 1);
+        if (jobs[j].T > 0) total += (double)jobs[j].W->rows * jobs[j].W->cols * (jobs[j].T + 1) * (jobs[j].up ? 2 : 1);
         npanels += panels_of(&jobs[j]);
     }
     if (npanels == 0) return;
@@ -654,6 +689,6 @@ const q3_isa_kernels *q3_kernels_table(void) {
 }
 
 void q3_matmul(float *out, const float *x, int T, const q3_mat *W) {
-    q3_mm_job jb = {out, (size_t)W->rows, x, (size_t)W->cols, T, W};
+    q3_mm_job jb = {out, (size_t)W->rows, x, (size_t)W->cols, T, W, NULL};
     q3_matmul_jobs(&jb, 1);
 }

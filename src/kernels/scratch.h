@@ -18,11 +18,13 @@ typedef enum {
     Q3_SCR_BC_ACT,   /* the broadcast GEMM's packed inputs, */
     Q3_SCR_BC_W,     /* its widened weight rows, */
     Q3_SCR_BC_PERM,  /* MX-ordered input rows (AVX-512) */
+    Q3_SCR_GLU,      /* a merged gate/up product's gate and up rows */
     Q3_SCR_COUNT
 } q3_scratch_slot;
 
-/* This thread's buffer for slot, of bytes (each slot is always asked for
- * the same size). Never NULL: out of memory is fatal, as for q3_malloc. */
+/* This thread's buffer for slot, of at least bytes: made on the first
+ * call, and made anew (contents lost) when a call asks for more than the
+ * slot holds. Never NULL: out of memory is fatal, as for q3_malloc. */
 void *q3_scratch(q3_scratch_slot slot, size_t bytes);
 
 #endif

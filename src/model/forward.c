@@ -91,10 +91,7 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
     s->k = FALLOC((size_t)rows * KVD);
     s->v = FALLOC((size_t)rows * KVD);
     s->scores = FALLOC(q3_attention_scratch(local_heads(m), D, ctx));
-    if (c->intermediate_size > 0) {
-        s->ffn_gate = FALLOC((size_t)rows * local_dense_f(m));
-        s->ffn_up = FALLOC((size_t)rows * local_dense_f(m));
-    }
+    if (c->intermediate_size > 0) s->ffn_gate = FALLOC((size_t)rows * local_dense_f(m));
     if (m->shard && m->shard->vocab_n < c->vocab_size) {
         s->lm_rows = max_batch < Q3_LM_ROWS ? max_batch : Q3_LM_ROWS;
         s->lm_local = FALLOC((size_t)s->lm_rows * m->shard->vocab_n);
@@ -114,8 +111,7 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
         s->xg = FALLOC(pairs * H);
         s->h_out = FALLOC(pairs * H);
         s->h_gate = FALLOC(pairs * F);
-        s->h_up = FALLOC(pairs * F);
-        s->moe_jobs = q3_calloc(2 * (size_t)E, sizeof(q3_mm_job));
+        s->moe_jobs = q3_calloc((size_t)E, sizeof(q3_mm_job));
         if (m->shard && m->shard->plan.ep_comm == Q3_EP_COMM_ALLTOALL && m->shard->plan.moe_ep_size > 1) {
             const int EP = m->shard->plan.moe_ep_size;
             size_t a = pairs * (size_t)H, b = ((size_t)rows + (size_t)EP) * H;
@@ -139,7 +135,7 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
 
 void q3_state_free(q3_state *s) {
     float *f[] = {s->k_cache, s->v_cache, s->rope_cos, s->rope_sin, s->x, s->xn, s->proj, s->q, s->att, s->k, s->v,
-                  s->scores, s->ffn_gate, s->ffn_up, s->router, s->topk_w, s->xg, s->h_out, s->h_gate, s->h_up,
+                  s->scores, s->ffn_gate, s->router, s->topk_w, s->xg, s->h_out, s->h_gate,
                   s->lm_local, s->lm_gather, s->a2a_send, s->a2a_recv, s->sp_att, s->sp_moe, s->sp_out};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) q3_free_aligned(f[i]);
     free(s->topk_id);
@@ -159,11 +155,6 @@ void q3_state_reset(q3_state *s) { s->pos = 0; }
 
 /* The format an A8 linear's input is quantized to. */
 static q3_dtype act_of(const q3_mat *W) { return W->ai8 ? Q3_MXINT8 : Q3_MXFP8; }
-
-void q3_swiglu_rows(float *gate, const float *up, int rows, int n) {
-#pragma omp parallel for schedule(static) if (rows >= Q3_PAR_ROWS)
-    for (int r = 0; r < rows; r++) q3_swiglu(gate + (size_t)r * n, gate + (size_t)r * n, up + (size_t)r * n, n);
-}
 
 void q3_add_rows(float *x, const float *d, int rows, int n) {
 #pragma omp parallel for schedule(static) if (rows >= Q3_PAR_ROWS)
@@ -193,9 +184,9 @@ static void attention_heads(const q3_model *m, q3_state *s, int l, int pos0, int
     const int KVD = NKV * D, QD = NQ * D;
     if (!xn_a8) q3_act_quant(m, &L->wq, s->xn, T, (size_t)H);
     /* Merged QKV: one parallel pass over the rows of all three projections. */
-    const q3_mm_job qkv[3] = {{s->q, (size_t)QD, s->xn, (size_t)H, T, &L->wq},
-                              {s->k, (size_t)KVD, s->xn, (size_t)H, T, &L->wk},
-                              {s->v, (size_t)KVD, s->xn, (size_t)H, T, &L->wv}};
+    const q3_mm_job qkv[3] = {{s->q, (size_t)QD, s->xn, (size_t)H, T, &L->wq, NULL},
+                              {s->k, (size_t)KVD, s->xn, (size_t)H, T, &L->wk, NULL},
+                              {s->v, (size_t)KVD, s->xn, (size_t)H, T, &L->wv, NULL}};
     q3_matmul_part(Q3_MM_ATTN);
     q3_matmul_jobs(qkv, 3);
 #pragma omp parallel for schedule(static) if (T >= Q3_PAR_ROWS)
@@ -248,11 +239,9 @@ static void dense_mlp_rows(const q3_model *m, const q3_layer *L, q3_state *s, in
     const q3_config *c = &m->cfg;
     const int H = c->hidden_size, F = local_dense_f(m);
     q3_act_quant(m, &L->ffn_gate, s->xn, T, (size_t)H);
-    const q3_mm_job w13[2] = {{s->ffn_gate, (size_t)F, s->xn, (size_t)H, T, &L->ffn_gate},
-                              {s->ffn_up, (size_t)F, s->xn, (size_t)H, T, &L->ffn_up}};
+    const q3_mm_job w13 = {s->ffn_gate, (size_t)F, s->xn, (size_t)H, T, &L->ffn_gate, &L->ffn_up}; /* SwiGLU merged in */
     q3_matmul_part(Q3_MM_MLP);
-    q3_matmul_jobs(w13, 2);
-    q3_swiglu_rows(s->ffn_gate, s->ffn_up, T, F);
+    q3_matmul_jobs(&w13, 1);
     q3_act_quant(m, &L->ffn_down, s->ffn_gate, T, (size_t)F);
     q3_matmul(s->proj, s->ffn_gate, T, &L->ffn_down);
 }

@@ -36,9 +36,9 @@ typedef struct {
     int32_t *expert_count, *expert_offset; /* [num_experts + 1] */
     int32_t *perm;                /* sorted index -> (token, slot) pair t*top_k+j */
     int32_t *perm_inv;            /* pair -> sorted index */
-    float *xg, *h_gate, *h_up, *h_out; /* gathered rows per expert */
-    q3_mm_job *moe_jobs;          /* [2 * num_experts] */
-    float *ffn_gate, *ffn_up;     /* dense MLP */
+    float *xg, *h_gate, *h_out;   /* gathered rows per expert; h_gate: SwiGLU(gate, up) */
+    q3_mm_job *moe_jobs;          /* [num_experts] */
+    float *ffn_gate;              /* dense MLP: SwiGLU(gate, up) */
     /* lm_head TP (model/shard.h): this rank's vocab slice for up to lm_rows
      * tokens, and the gathered blocks; NULL without a vocab split. */
     int lm_rows;
@@ -94,9 +94,7 @@ int q3_forward(const q3_model *m, q3_state *s, const int32_t *ids, int n, float 
  * runs with MX activations and W is an MX matrix (no-op otherwise). */
 void q3_act_quant(const q3_model *m, const q3_mat *W, float *x, int rows, size_t ld);
 
-/* Row-parallel helpers (Q3_PAR_ROWS) for rows of n floats: gate =
- * SwiGLU(gate, up), and x += d. */
-void q3_swiglu_rows(float *gate, const float *up, int rows, int n);
+/* Row-parallel helper (Q3_PAR_ROWS) for rows of n floats: x += d. */
 void q3_add_rows(float *x, const float *d, int rows, int n);
 
 #endif

@@ -63,8 +63,9 @@ static void init_routing(const q3_config *c, q3_state *s, int T) {
 }
 
 /* The experts [elo, ehi) over their gathered rows in s->xg (rows
- * expert_offset[elo] .. expert_offset[ehi]): gate+up of every expert in one
- * parallel pass, SwiGLU (and MXFP8 input quantization for MX weights), then
+ * expert_offset[elo] .. expert_offset[ehi]): gate and up of every expert
+ * merged, SwiGLU applied panel by panel as they come out (q3_mm_job.up),
+ * in one parallel pass; the MXFP8 input quantization for MX weights; then
  * down in a second pass, into s->h_out. */
 static void run_local_experts(const q3_model *m, const q3_layer *L, q3_state *s, int elo, int ehi, int rows_quantized) {
     if (ehi <= elo) return;
@@ -77,16 +78,17 @@ static void run_local_experts(const q3_model *m, const q3_layer *L, q3_state *s,
     for (int e = elo; e < ehi; e++) {
         const int n = s->expert_count[e], off = s->expert_offset[e];
         if (!n) continue;
-        jobs[nj++] = (q3_mm_job){s->h_gate + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->gate[e]};
-        jobs[nj++] = (q3_mm_job){s->h_up + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->up[e]};
+        jobs[nj++] =
+            (q3_mm_job){s->h_gate + (size_t)off * F, (size_t)F, s->xg + (size_t)off * H, (size_t)H, n, &L->gate[e], &L->up[e]};
     }
     q3_matmul_jobs(jobs, nj);
-    q3_swiglu_rows(s->h_gate + (size_t)p0 * F, s->h_up + (size_t)p0 * F, p1 - p0, F);
     if (p1 > p0) q3_act_quant(m, &L->down[elo], s->h_gate + (size_t)p0 * F, p1 - p0, (size_t)F);
     nj = 0;
     for (int e = elo; e < ehi; e++) {
         const int n = s->expert_count[e], off = s->expert_offset[e];
-        if (n) jobs[nj++] = (q3_mm_job){s->h_out + (size_t)off * H, (size_t)H, s->h_gate + (size_t)off * F, (size_t)F, n, &L->down[e]};
+        if (n)
+            jobs[nj++] =
+                (q3_mm_job){s->h_out + (size_t)off * H, (size_t)H, s->h_gate + (size_t)off * F, (size_t)F, n, &L->down[e], NULL};
     }
     q3_matmul_jobs(jobs, nj);
 }

@@ -12,16 +12,7 @@ static size_t elem_bytes(q3_dtype t) { return t == Q3_F32 ? 4 : 2; }
 static size_t mx_row_bytes(q3_dtype t, int cols) { return t == Q3_MXFP4 ? (size_t)cols / 2 : (size_t)cols; }
 
 /* Rows [r0, r0 + n) of W. */
-static void row_slice(q3_mat *W, int r0, int n) {
-    if (q3_dtype_is_mx(W->dtype)) {
-        W->data = (const uint8_t *)W->data + (size_t)r0 * mx_row_bytes(W->dtype, W->cols);
-        W->scales += (size_t)r0 * (size_t)(W->cols / 32);
-    } else {
-        size_t rs = W->rs ? W->rs : (size_t)W->cols;
-        W->data = (const char *)W->data + (size_t)r0 * rs * elem_bytes(W->dtype);
-    }
-    W->rows = n;
-}
+static void row_slice(q3_mat *W, int r0, int n) { *W = q3_mat_rows(W, r0, n); }
 
 static void *own(q3_shard *sh, size_t bytes) {
     if (sh->n_owned == sh->cap_owned) {

@@ -105,7 +105,7 @@ static void check_pass_threads(int T) {
         for (int i = 0; i < rows[j] * K; i++) w[j][i] = q3_f32_to_bf16(frand());
         q3_to_f32(wf[j], w[j], Q3_BF16, 0, (size_t)rows[j] * K);
         W[j] = (q3_mat){.data = w[j], .dtype = Q3_BF16, .rows = rows[j], .cols = K};
-        jobs[j] = (q3_mm_job){out[j], (size_t)rows[j], x, K, T, &W[j]};
+        jobs[j] = (q3_mm_job){out[j], (size_t)rows[j], x, K, T, &W[j], NULL};
     }
     const int threads[] = {1, 2, 3, 7};
     for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
@@ -129,6 +129,83 @@ static void check_pass_threads(int T) {
     omp_set_num_threads(max_threads);
     for (int j = 0; j < NJ; j++) free(w[j]), free(wf[j]), free(out[j]), free(first[j]);
     free(x);
+}
+
+/* One weight matrix of dtype dt (BF16, or MX with A8 inputs), rows x K,
+ * random; MX storage in el / sc (freed by the caller). */
+static q3_mat glu_mat(q3_dtype dt, int rows, int K, void **el, uint8_t **sc) {
+    float *row = malloc((size_t)K * sizeof *row);
+    *sc = NULL;
+    if (dt == Q3_BF16) {
+        uint16_t *w = malloc((size_t)rows * K * sizeof *w);
+        for (int i = 0; i < rows * K; i++) w[i] = q3_f32_to_bf16(frand());
+        *el = w;
+    } else {
+        const size_t eb = q3_mx_elem_bytes(dt, (size_t)K);
+        uint8_t *e = malloc((size_t)rows * eb);
+        *sc = malloc((size_t)rows * K / 32);
+        for (int r = 0; r < rows; r++) {
+            for (int k = 0; k < K; k++) row[k] = frand();
+            CHECK(q3_mx_quantize_row(dt, row, (size_t)K, *sc + (size_t)r * K / 32, e + (size_t)r * eb) == 0);
+        }
+        *el = e;
+    }
+    free(row);
+    return (q3_mat){.data = *el, .dtype = dt, .rows = rows, .cols = K, .scales = *sc, .a8 = dt != Q3_BF16};
+}
+
+/* Merged gate/up jobs (q3_mm_job.up, SwiGLU as each panel comes out): the
+ * same bits as the gate and up products run as plain jobs followed by
+ * q3_swiglu over whole rows, for every ISA, one token (the GEMVs' runs of
+ * panels) and several (each kernel that prefill takes), row counts that
+ * end in a partial panel, three experts in one pass, 1-3 threads. */
+static void test_merged_glu(void) {
+    enum { NE = 3, K = 256 };
+    const q3_dtype dts[] = {Q3_BF16, Q3_MXFP4, Q3_MXFP8};
+    const int tokens[] = {1, 3, 9, 20, 40, 100}, F = 200, max_threads = omp_get_max_threads();
+    for (size_t di = 0; di < sizeof dts / sizeof *dts; di++) {
+        void *el[2 * NE];
+        uint8_t *sc[2 * NE];
+        q3_mat W[2 * NE];
+        for (int i = 0; i < 2 * NE; i++) W[i] = glu_mat(dts[di], F, K, &el[i], &sc[i]);
+        for (size_t ti = 0; ti < sizeof tokens / sizeof *tokens; ti++) {
+            const int T = tokens[ti];
+            float *x = malloc((size_t)NE * T * K * sizeof *x), *sep = malloc((size_t)2 * NE * T * F * sizeof *sep);
+            float *ref = malloc((size_t)NE * T * F * sizeof *ref), *got = malloc((size_t)NE * T * F * sizeof *got);
+            for (int i = 0; i < NE * T * K; i++) x[i] = frand();
+            for (int r = 0; dts[di] != Q3_BF16 && r < NE * T; r++)
+                CHECK(q3_mx_fake_quant_row(Q3_MXFP8, x + (size_t)r * K, K, x + (size_t)r * K) == 0);
+            q3_mm_job plain[2 * NE], merged[NE];
+            for (int e = 0; e < NE; e++) {
+                const float *xe = x + (size_t)e * T * K;
+                plain[2 * e] = (q3_mm_job){sep + (size_t)2 * e * T * F, F, xe, K, T, &W[2 * e], NULL};
+                plain[2 * e + 1] = (q3_mm_job){sep + (size_t)(2 * e + 1) * T * F, F, xe, K, T, &W[2 * e + 1], NULL};
+                merged[e] = (q3_mm_job){got + (size_t)e * T * F, F, xe, K, T, &W[2 * e], &W[2 * e + 1]};
+            }
+            for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
+                q3_kernels_force((q3_isa)isa);
+                if ((int)q3_kernels_isa() != isa) continue;
+                q3_matmul_jobs(plain, 2 * NE);
+                for (int e = 0; e < NE; e++)
+                    for (int t = 0; t < T; t++) {
+                        const size_t o = ((size_t)e * T + t) * F;
+                        q3_swiglu(ref + o, sep + (size_t)2 * e * T * F + (size_t)t * F, sep + (size_t)(2 * e + 1) * T * F + (size_t)t * F, F);
+                    }
+                for (int nt = 1; nt <= 3; nt++) {
+                    omp_set_num_threads(nt);
+                    for (int i = 0; i < NE * T * F; i++) got[i] = NAN;
+                    q3_matmul_jobs(merged, NE);
+                    if (!CHECK(memcmp(got, ref, (size_t)NE * T * F * sizeof *got) == 0))
+                        fprintf(stderr, "  merged gate/up: dtype %d, %d tokens, %s, %d threads: differs\n", dts[di], T,
+                                q3_isa_name((q3_isa)isa), nt);
+                }
+                omp_set_num_threads(max_threads);
+            }
+            q3_kernels_force(Q3_ISA_COUNT - 1);
+            free(x), free(sep), free(ref), free(got);
+        }
+        for (int i = 0; i < 2 * NE; i++) free(el[i]), free(sc[i]);
+    }
 }
 
 static void test_pass_threads(void) {
@@ -783,6 +860,7 @@ int main(void) {
     test_bf16_rounding();
     test_matmul();
     test_pass_threads();
+    test_merged_glu();
     test_strided();
     test_i8_prep();
     test_mx_matmul();
