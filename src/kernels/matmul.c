@@ -353,9 +353,9 @@ static void run_panel(const q3_mm_job *jb, const float *tiles, int r0) {
 /* Rows [r0, r0 + nr) of a merged gate/up job (jb->up): the gate and the up
  * products of those rows into the thread's scratch, by the kernels the
  * plain jobs would take (the panel GEMM with the job's packed input tiles,
- * or a GEMV over many panels' rows, gemv), then out = silu(gate) * up, each
- * token's nr values at once (as a separate pass over whole rows would
- * compute them: SwiGLU is elementwise). */
+ * or a GEMV over many panels' rows, gemv), then out = silu(gate) * up
+ * (the values a separate pass over whole rows would give: SwiGLU is
+ * elementwise). */
 static void run_glu(const q3_mm_job *jb, const float *tiles, int r0, int nr, int gemv) {
     float *g = q3_scratch(Q3_SCR_GLU, (size_t)2 * jb->T * nr * sizeof *g), *u = g + (size_t)jb->T * nr;
     /* rows from r0 to the matrices' end, so the kernels' prefetch of next rows still sees them */
@@ -373,7 +373,8 @@ static void run_glu(const q3_mm_job *jb, const float *tiles, int r0, int nr, int
         run_panel(&gj, tiles, 0);
         run_panel(&uj, tiles, 0);
     }
-    for (int t = 0; t < jb->T; t++) q3_swiglu(jb->out + (size_t)t * jb->ldo + r0, g + (size_t)t * nr, u + (size_t)t * nr, nr);
+    q3_swiglu(g, g, u, jb->T * nr); /* one call for all tokens: per token, the dispatch cost as much as 16 values */
+    for (int t = 0; t < jb->T; t++) memcpy(jb->out + (size_t)t * jb->ldo + r0, g + (size_t)t * nr, (size_t)nr * sizeof *g);
 }
 
 /* One panel of a job, merged gate/up or plain. */
