@@ -356,23 +356,30 @@ static void run_panel(const q3_mm_job *jb, const float *tiles, int r0) {
  * or a GEMV over many panels' rows, gemv), then out = silu(gate) * up
  * (the values a separate pass over whole rows would give: SwiGLU is
  * elementwise). */
+/* The first lines of row r of W and of its scales: where a stream starts
+ * that the kernels' own prefetch (ahead within a stream) cannot see coming. */
+static void prefetch_rows_at(const q3_mat *W, int r) {
+    const q3_mat v = q3_mat_rows(W, r, 1);
+    q3_pf_lines(v.data, 0, Q3_PF_WEIGHTS);
+    if (v.scales) q3_pf_lines(v.scales, 0, Q3_SC_PF_BYTES);
+}
+
 static void run_glu(const q3_mm_job *jb, const float *tiles, int r0, int nr, int gemv) {
     float *g = q3_scratch(Q3_SCR_GLU, (size_t)2 * jb->T * nr * sizeof *g), *u = g + (size_t)jb->T * nr;
     /* rows from r0 to the matrices' end, so the kernels' prefetch of next rows still sees them */
     const q3_mat gw = q3_mat_rows(jb->W, r0, jb->W->rows - r0), uw = q3_mat_rows(jb->up, r0, jb->up->rows - r0);
     const q3_mm_job gj = {g, (size_t)nr, jb->x, jb->ldx, jb->T, &gw, NULL}, uj = {u, (size_t)nr, jb->x, jb->ldx, jb->T, &uw, NULL};
-    if (gemv) {
-        /* The up rows' first lines, fetched while the gate rows stream: the
-         * GEMV's own prefetch only runs ahead within a stream, and in decode
-         * each take of a thread's run switches streams twice. */
-        q3_pf_lines(uw.data, 0, Q3_PF_WEIGHTS);
-        if (uw.scales) q3_pf_lines(uw.scales, 0, Q3_SC_PF_BYTES);
-        other_kernel(&gj, 0, nr, 1);
-        other_kernel(&uj, 0, nr, 1);
-    } else {
-        run_panel(&gj, tiles, 0);
-        run_panel(&uj, tiles, 0);
-    }
+    /* A thread switches between the gate and the up rows at every panel
+     * (prefill) or take of its run (decode): the up rows' start is fetched
+     * while the gate rows stream, the gate rows after these (usually the
+     * thread's next) while the up rows do. Without, W4A8 decode's experts
+     * ran about 1.5 % and its prefill's 2 % slower than as plain jobs. */
+    prefetch_rows_at(&uw, 0);
+    if (gemv) other_kernel(&gj, 0, nr, 1);
+    else run_panel(&gj, tiles, 0);
+    if (nr < gw.rows) prefetch_rows_at(&gw, nr);
+    if (gemv) other_kernel(&uj, 0, nr, 1);
+    else run_panel(&uj, tiles, 0);
     q3_swiglu(g, g, u, jb->T * nr); /* one call for all tokens: per token, the dispatch cost as much as 16 values */
     for (int t = 0; t < jb->T; t++) memcpy(jb->out + (size_t)t * jb->ldo + r0, g + (size_t)t * nr, (size_t)nr * sizeof *g);
 }
