@@ -350,12 +350,6 @@ static void run_panel(const q3_mm_job *jb, const float *tiles, int r0) {
     }
 }
 
-/* Rows [r0, r0 + nr) of a merged gate/up job (jb->up): the gate and the up
- * products of those rows into the thread's scratch, by the kernels the
- * plain jobs would take (the panel GEMM with the job's packed input tiles,
- * or a GEMV over many panels' rows, gemv), then out = silu(gate) * up
- * (the values a separate pass over whole rows would give: SwiGLU is
- * elementwise). */
 /* The first lines of row r of W and of its scales: where a stream starts
  * that the kernels' own prefetch (ahead within a stream) cannot see coming. */
 static void prefetch_rows_at(const q3_mat *W, int r) {
@@ -364,6 +358,12 @@ static void prefetch_rows_at(const q3_mat *W, int r) {
     if (v.scales) q3_pf_lines(v.scales, 0, Q3_SC_PF_BYTES);
 }
 
+/* Rows [r0, r0 + nr) of a merged gate/up job (jb->up): the gate and the up
+ * products of those rows into the thread's scratch, by the kernels the
+ * plain jobs would take (the panel GEMM with the job's packed input tiles,
+ * or a GEMV over many panels' rows, gemv), then out = silu(gate) * up
+ * (the values a separate pass over whole rows would give: SwiGLU is
+ * elementwise). */
 static void run_glu(const q3_mm_job *jb, const float *tiles, int r0, int nr, int gemv) {
     float *g = q3_scratch(Q3_SCR_GLU, (size_t)2 * jb->T * nr * sizeof *g), *u = g + (size_t)jb->T * nr;
     /* rows from r0 to the matrices' end, so the kernels' prefetch of next rows still sees them */
