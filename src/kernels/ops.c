@@ -103,8 +103,8 @@ void q3_rope(float *v, const float *cos_t, const float *sin_t, int d) {
 
 q3_mat q3_mat_rows(const q3_mat *W, int r0, int n) {
     q3_mat v = *W;
-    if (q3_dtype_is_mx(W->dtype)) { /* elements: E2M1 two per byte, E4M3 / int8 one */
-        v.data = (const uint8_t *)W->data + (size_t)r0 * (W->dtype == Q3_MXFP4 ? (size_t)W->cols / 2 : (size_t)W->cols);
+    if (q3_dtype_is_mx(W->dtype)) {
+        v.data = (const uint8_t *)W->data + (size_t)r0 * q3_mx_elem_bytes(W->dtype, (size_t)W->cols);
         v.scales = W->scales + (size_t)r0 * (size_t)(W->cols / Q3_MX_BLOCK);
     } else {
         const size_t rs = W->rs ? W->rs : (size_t)W->cols;
