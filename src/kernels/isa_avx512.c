@@ -25,18 +25,19 @@ INLINE __m512 load16(const void *base, size_t idx, q3_dtype dt) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* One row at a time (a single sequential weight stream, prefetched as
- * prefetch.h says), four accumulators. */
-INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt) {
+/* One row at a time (a single sequential weight stream, prefetched pf
+ * bytes ahead as prefetch.h says, or not at all when pf is 0), four
+ * accumulators. */
+INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt, const size_t pf) {
     const int K = W->cols, k64 = K & ~63, k16 = K & ~15;
-    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = Q3_PF_WEIGHTS;
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2;
     const void *d = W->data;
     for (int r = r0; r < r1; r++) {
         const size_t o = (size_t)r * rs;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int k = 0;
         for (; k < k64; k += 64) {
-            q3_pf_lines((const char *)d + (o + k) * es, pf, 64 * es);
+            if (pf) q3_pf_lines((const char *)d + (o + k) * es, pf, 64 * es);
             a0 = _mm512_fmadd_ps(load16(d, o + k, dt), _mm512_loadu_ps(x + k), a0);
             a1 = _mm512_fmadd_ps(load16(d, o + k + 16, dt), _mm512_loadu_ps(x + k + 16), a1);
             a2 = _mm512_fmadd_ps(load16(d, o + k + 32, dt), _mm512_loadu_ps(x + k + 32), a2);
@@ -53,7 +54,7 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
     }
 }
 
-static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
+INLINE void gemv_pf(float *out, const float *x, const q3_mat *W, int r0, int r1, const size_t pf) {
     /* MX weights (the shapes the prepared GEMV does not take) and column
      * slices: AVX2's GEMV. */
     if (W->cs > 1 || q3_dtype_is_mx(W->dtype)) {
@@ -61,12 +62,26 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
         return;
     }
     switch (W->dtype) {
-    case Q3_BF16: gemv_t(out, x, W, r0, r1, Q3_BF16); break;
-    case Q3_F16: gemv_t(out, x, W, r0, r1, Q3_F16); break;
-    case Q3_F32: gemv_t(out, x, W, r0, r1, Q3_F32); break;
+    case Q3_BF16: gemv_t(out, x, W, r0, r1, Q3_BF16, pf); break;
+    case Q3_F16: gemv_t(out, x, W, r0, r1, Q3_F16, pf); break;
+    case Q3_F32: gemv_t(out, x, W, r0, r1, Q3_F32, pf); break;
     default: break;
     }
 }
+
+static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) { gemv_pf(out, x, W, r0, r1, Q3_PF_WEIGHTS); }
+
+/* The same without software prefetch. On the AMD EPYC (Zen 4) of
+ * BENCHMARKS.md, a 1 GiB BF16 GEMV (2 threads) alternating with a plain
+ * read of its bytes in one process ran at 0.93 of the read (median of 6
+ * pairs, 59-62 GB/s) without the prefetches and at 0.69 with them (43-45
+ * GB/s); one thread, prefetched, streamed 15.5 GB/s where a plain read
+ * got 35: the lines the prefetches hold in L1 cap what is in flight below
+ * what the L2 streamer keeps on its own. The MX GEMVs there do better with
+ * theirs (MXFP4 A8 42-44 against 33-38 GB/s), so they keep them. */
+static void gemv_hw(float *out, const float *x, const q3_mat *W, int r0, int r1) { gemv_pf(out, x, W, r0, r1, 0); }
+
+void q3_avx512_hw_prefetch_kernels(q3_isa_kernels *k) { k->gemv = gemv_hw; }
 
 /* Few tokens: R (2 or 4) weight rows x up to 8 tokens of accumulators.
  * Each weight vector is widened once, in a register, for all the tokens.

@@ -81,6 +81,44 @@ static void check_matmul(q3_dtype dt, int T, int M, int K) {
     free(w), free(wf), free(x), free(out);
 }
 
+/* The AVX-512 plain-dtype GEMV with and without its software prefetch
+ * (the latter in force on Zen 4): the same bits, both near the reference,
+ * over rows of every tail length and more rows than the prefetch distance. */
+static void check_gemv_prefetch(q3_dtype dt, int M, int K) {
+    q3_isa_kernels hw = q3_kernels_avx512;
+    q3_avx512_hw_prefetch_kernels(&hw);
+    CHECK(hw.gemv != q3_kernels_avx512.gemv);
+    const size_t es = dt == Q3_F32 ? 4 : 2;
+    unsigned char *w = malloc((size_t)M * K * es);
+    float *wf = malloc((size_t)M * K * sizeof(float)), *x = malloc((size_t)K * sizeof(float));
+    float *o_sw = malloc((size_t)M * sizeof(float)), *o_hw = malloc((size_t)M * sizeof(float));
+    for (int i = 0; i < M * K; i++) {
+        const float v = frand();
+        if (dt == Q3_F32) ((float *)w)[i] = v;
+        else if (dt == Q3_BF16) ((uint16_t *)w)[i] = q3_f32_to_bf16(v);
+        else ((uint16_t *)w)[i] = (uint16_t)(rng & 0x3bff);
+    }
+    q3_to_f32(wf, w, dt, 0, (size_t)M * K);
+    for (int k = 0; k < K; k++) x[k] = frand();
+    const q3_mat W = {.data = w, .dtype = dt, .rows = M, .cols = K};
+    for (int r = 0; r < M; r++) o_sw[r] = o_hw[r] = NAN;
+    q3_kernels_avx512.gemv(o_sw, x, &W, 0, M);
+    hw.gemv(o_hw, x, &W, 0, M);
+    CHECK(memcmp(o_sw, o_hw, (size_t)M * sizeof(float)) == 0);
+    CHECK(worst_rel_err(o_hw, x, wf, 1, M, K) < 1e-5);
+    free(w), free(wf), free(x), free(o_sw), free(o_hw);
+}
+
+static void test_gemv_prefetch_variants(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) return;
+    check_gemv_prefetch(Q3_BF16, 300, 2048);
+    check_gemv_prefetch(Q3_BF16, 7, 1000);
+    check_gemv_prefetch(Q3_F16, 33, 272);
+    check_gemv_prefetch(Q3_F32, 64, 1030);
+    check_gemv_prefetch(Q3_BF16, 5, 15);
+}
+
 /* Passes over several matrices run by any number of threads. One-token
  * passes: threads own runs of panels and take the back halves of each
  * other's (with more threads than cores they arrive late and get taken
@@ -859,6 +897,7 @@ int main(void) {
     test_f16_all_codes();
     test_bf16_rounding();
     test_matmul();
+    test_gemv_prefetch_variants();
     test_pass_threads();
     test_merged_glu();
     test_strided();
