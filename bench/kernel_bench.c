@@ -20,7 +20,12 @@
  * (default: Qwen3-30B-A3B heads; Q3MOE_ISA=NAME runs only that ISA;
  * Q3_BENCH_DECODE_ONLY=1 skips the prefill; decode visits `layers` caches
  * in turn, so that more than the last-level cache is streamed as in a model):
- *   build/kernel_bench attn [positions heads kv_heads head_dim reps layers] */
+ *   build/kernel_bench attn [positions heads kv_heads head_dim reps layers]
+ * The AVX-512 BF16 GEMV with its software prefetch and without (the one in
+ * force on Zen 4), each beside a plain read of its bytes, alternating in
+ * one process (rows split evenly over the threads; transparent huge pages):
+ *   build/kernel_bench prefetch [rows cols pairs] */
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -45,18 +50,51 @@ static void *big_alloc(size_t n) {
     return p;
 }
 
-/* Seconds to read n bytes at p with all threads (best of reps): the
- * streaming limit a GEMV over the same buffer is compared with. */
+/* Sums of 64-bit words: the plain read. AVX2 with four accumulators where
+ * the CPU has it (a scalar XOR loop topped out near 28 GB/s on a Zen 4
+ * whose memory gave 60, below the GEMVs it was the yardstick for). */
+__attribute__((target("avx2"))) static uint64_t sum_words_avx2(const uint64_t *p, size_t nw) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    const __m256i *v = (const __m256i *)p;
+    size_t i = 0;
+    for (; i + 16 <= nw; i += 16, v += 4) {
+        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(v));
+        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(v + 1));
+        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(v + 2));
+        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(v + 3));
+    }
+    a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    uint64_t s = (uint64_t)_mm256_extract_epi64(a0, 0) + (uint64_t)_mm256_extract_epi64(a0, 1) +
+                 (uint64_t)_mm256_extract_epi64(a0, 2) + (uint64_t)_mm256_extract_epi64(a0, 3);
+    for (; i < nw; i++) s += p[i];
+    return s;
+}
+
+static uint64_t sum_words(const uint64_t *p, size_t nw) {
+    if (__builtin_cpu_supports("avx2")) return sum_words_avx2(p, nw);
+    uint64_t s = 0;
+    for (size_t i = 0; i < nw; i++) s += p[i];
+    return s;
+}
+
+/* Seconds to read n bytes at p with all threads, each a contiguous share
+ * (best of reps): the streaming limit a GEMV over the same buffer is
+ * compared with. */
 static double read_time(const void *p, size_t n, int reps) {
     const uint64_t *w = p;
     const size_t nw = n / 8;
     double best = 1e30;
     volatile uint64_t sink = 0;
+    __builtin_cpu_init();
     for (int r = 0; r < reps; r++) {
         uint64_t s = 0;
         double t0 = omp_get_wtime();
-#pragma omp parallel for reduction(^ : s) schedule(static)
-        for (size_t i = 0; i < nw; i++) s ^= w[i];
+#pragma omp parallel reduction(+ : s)
+        {
+            const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+            const size_t w0 = nw * t / nt, w1 = nw * (t + 1) / nt;
+            s += sum_words(w + w0, w1 - w0);
+        }
         double t1 = omp_get_wtime();
         sink ^= s;
         if (t1 - t0 < best) best = t1 - t0;
@@ -395,7 +433,70 @@ static int gemm_ab_bench(int P, double skew, int reps) {
 }
 #endif
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Seconds for one GEMV of W with table k's kernel, rows split evenly. */
+static double gemv_time(const q3_isa_kernels *k, float *out, const float *x, const q3_mat *W) {
+    const double t0 = omp_get_wtime();
+#pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int r0 = (int)((long)W->rows * t / nt), r1 = (int)((long)W->rows * (t + 1) / nt);
+        k->gemv(out + r0, x, W, r0, r1);
+    }
+    return omp_get_wtime() - t0;
+}
+
+static int prefetch_bench(int M, int K, int pairs) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) {
+        fprintf(stderr, "kernel_bench prefetch: this CPU has no AVX-512F\n");
+        return 2;
+    }
+    if (M < 1 || K < 16 || pairs < 1 || pairs > 1000) {
+        fprintf(stderr, "kernel_bench prefetch: rows >= 1, cols >= 16, 1 <= pairs <= 1000\n");
+        return 2;
+    }
+    q3_isa_kernels hw = q3_kernels_avx512;
+    q3_avx512_hw_prefetch_kernels(&hw);
+    const size_t n = (size_t)M * K * 2, huge = (size_t)2 << 20;
+    uint16_t *w = aligned_alloc(huge, (n + huge - 1) / huge * huge);
+    float *x = malloc((size_t)K * 4), *out = malloc((size_t)M * 4);
+    double *ratio = malloc(2 * (size_t)pairs * sizeof *ratio);
+    if (!w || !x || !out || !ratio) {
+        fprintf(stderr, "kernel_bench prefetch: out of memory for %zu MiB\n", n >> 20);
+        return 1;
+    }
+    madvise(w, (n + huge - 1) / huge * huge, MADV_HUGEPAGE);
+    for (size_t i = 0; i < (size_t)M * K; i++) w[i] = q3_f32_to_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
+    for (int k = 0; k < K; k++) x[k] = (float)(k % 17) / 17.0f;
+    const q3_mat W = {.data = w, .dtype = Q3_BF16, .rows = M, .cols = K};
+    const q3_isa_kernels *tables[2] = {&q3_kernels_avx512, &hw};
+    printf("BF16 GEMV %dx%d (%.0f MiB), %d threads, GB/s (ratio to a plain read just before)\n", M, K, n / 1048576.0,
+           omp_get_max_threads());
+    for (int p = 0; p < pairs; p++) {
+        printf("pair %2d:", p + 1);
+        for (int v = 0; v < 2; v++) {
+            const double rd = read_time(w, n, 1), g = gemv_time(tables[v], out, x, &W);
+            ratio[v * pairs + p] = rd / g;
+            printf("  %s read %5.1f gemv %5.1f (%.2f)", v ? "hw" : "sw", n / rd / 1e9, n / g / 1e9, rd / g);
+        }
+        printf("\n");
+    }
+    qsort(ratio, pairs, sizeof *ratio, cmp_double);
+    qsort(ratio + pairs, pairs, sizeof *ratio, cmp_double);
+    printf("median ratio to the read: software prefetch %.2f, hardware only %.2f\n", ratio[pairs / 2],
+           ratio[pairs + pairs / 2]);
+    free(w), free(x), free(out), free(ratio);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "prefetch"))
+        return prefetch_bench(argc > 2 ? atoi(argv[2]) : 262144, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 10);
     if (argc > 1 && !strcmp(argv[1], "gemm-ab")) {
 #ifdef Q3_GEMM_AB
         return gemm_ab_bench(argc > 2 ? atoi(argv[2]) : 512, argc > 3 ? atof(argv[3]) : 2.0, argc > 4 ? atoi(argv[4]) : 16);
