@@ -25,14 +25,55 @@ INLINE __m512 load16(const void *base, size_t idx, q3_dtype dt) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* Row o's sum past k (the 16-wide steps, then one element at a time)
+ * added to the four accumulators' reduction. */
+INLINE float row_rest(const void *d, size_t o, const float *x, const q3_mat *W, int k, q3_dtype dt, __m512 a0, __m512 a1,
+                      __m512 a2, __m512 a3) {
+    const int K = W->cols, k16 = K & ~15;
+    for (; k < k16; k += 16) a0 = _mm512_fmadd_ps(load16(d, o + k, dt), _mm512_loadu_ps(x + k), a0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    for (; k < K; k++) {
+        float w;
+        q3_to_f32(&w, d, W->dtype, o + (size_t)k, 1);
+        s += x[k] * w;
+    }
+    return s;
+}
+
 /* One row at a time (a single sequential weight stream, prefetched pf
- * bytes ahead as prefetch.h says, or not at all when pf is 0), four
- * accumulators. */
+ * bytes ahead as prefetch.h says), four accumulators. With pf 0 (no
+ * software prefetch) two streams instead, for the hardware prefetchers:
+ * the range's two halves side by side, row i with row half + i; each row's
+ * sum is still the one-row loop's, bit for bit. */
 INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt, const size_t pf) {
-    const int K = W->cols, k64 = K & ~63, k16 = K & ~15;
+    const int K = W->cols, k64 = K & ~63;
     const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2;
     const void *d = W->data;
-    for (int r = r0; r < r1; r++) {
+    int r = r0;
+    if (!pf) {
+        const int half = (r1 - r0) / 2;
+        for (; r < r0 + half; r++) {
+            const size_t oa = (size_t)r * rs, ob = (size_t)(r + half) * rs;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            int k = 0;
+            for (; k < k64; k += 64) {
+                const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16), x2 = _mm512_loadu_ps(x + k + 32),
+                             x3 = _mm512_loadu_ps(x + k + 48);
+                a0 = _mm512_fmadd_ps(load16(d, oa + k, dt), x0, a0);
+                a1 = _mm512_fmadd_ps(load16(d, oa + k + 16, dt), x1, a1);
+                a2 = _mm512_fmadd_ps(load16(d, oa + k + 32, dt), x2, a2);
+                a3 = _mm512_fmadd_ps(load16(d, oa + k + 48, dt), x3, a3);
+                b0 = _mm512_fmadd_ps(load16(d, ob + k, dt), x0, b0);
+                b1 = _mm512_fmadd_ps(load16(d, ob + k + 16, dt), x1, b1);
+                b2 = _mm512_fmadd_ps(load16(d, ob + k + 32, dt), x2, b2);
+                b3 = _mm512_fmadd_ps(load16(d, ob + k + 48, dt), x3, b3);
+            }
+            out[r - r0] = row_rest(d, oa, x, W, k, dt, a0, a1, a2, a3);
+            out[r + half - r0] = row_rest(d, ob, x, W, k, dt, b0, b1, b2, b3);
+        }
+        r = r0 + 2 * half;
+    }
+    for (; r < r1; r++) {
         const size_t o = (size_t)r * rs;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int k = 0;
@@ -43,14 +84,7 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
             a2 = _mm512_fmadd_ps(load16(d, o + k + 32, dt), _mm512_loadu_ps(x + k + 32), a2);
             a3 = _mm512_fmadd_ps(load16(d, o + k + 48, dt), _mm512_loadu_ps(x + k + 48), a3);
         }
-        for (; k < k16; k += 16) a0 = _mm512_fmadd_ps(load16(d, o + k, dt), _mm512_loadu_ps(x + k), a0);
-        float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-        for (; k < K; k++) {
-            float w;
-            q3_to_f32(&w, d, W->dtype, o + (size_t)k, 1);
-            s += x[k] * w;
-        }
-        out[r - r0] = s;
+        out[r - r0] = row_rest(d, o, x, W, k, dt, a0, a1, a2, a3);
     }
 }
 
@@ -71,14 +105,18 @@ INLINE void gemv_pf(float *out, const float *x, const q3_mat *W, int r0, int r1,
 
 static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) { gemv_pf(out, x, W, r0, r1, Q3_PF_WEIGHTS); }
 
-/* The same without software prefetch. On the AMD EPYC (Zen 4) of
- * BENCHMARKS.md, a 1 GiB BF16 GEMV (2 threads) alternating with a plain
- * read of its bytes in one process ran at 0.93 of the read (median of 6
- * pairs, 59-62 GB/s) without the prefetches and at 0.69 with them (43-45
- * GB/s); one thread, prefetched, streamed 15.5 GB/s where a plain read
- * got 35: the lines the prefetches hold in L1 cap what is in flight below
- * what the L2 streamer keeps on its own. The MX GEMVs there do better with
- * theirs (MXFP4 A8 42-44 against 33-38 GB/s), so they keep them. */
+/* The same without software prefetch, two rows at a time. On the AMD EPYC
+ * (Zen 4) of BENCHMARKS.md, a 1 GiB BF16 GEMV (2 threads) alternating with
+ * a plain read of its bytes in one process ran at 0.93 of the read (median
+ * of 6 pairs, 59-62 GB/s) without the prefetches and at 0.69 with them
+ * (43-45 GB/s); one thread, prefetched, streamed 15.5 GB/s where a plain
+ * read got 35, so the prefetches, not the loads, cap what is in flight.
+ * Prefetching only the first lines of each 4 KiB page ahead, 0.78-0.90.
+ * Two streams per call against one, no prefetch, in one process with reads
+ * at 59-62 GB/s: 1 GiB 47.2 -> 59.9 GB/s, q30b8's QKV-sized matrices 45.0
+ * -> 51.6, its experts' gate-sized 45.8 -> 53.2; four streams no better
+ * than two. The MX GEMVs there do better with their prefetch (MXFP4 A8
+ * 42-46 against 30-39 GB/s), so they keep it. */
 static void gemv_hw(float *out, const float *x, const q3_mat *W, int r0, int r1) { gemv_pf(out, x, W, r0, r1, 0); }
 
 void q3_avx512_hw_prefetch_kernels(q3_isa_kernels *k) { k->gemv = gemv_hw; }
