@@ -384,3 +384,30 @@ def test_asan_smoke(model, tmp_path):
              "--json", out], env=env)
     assert "runtime error" not in p.stderr
     assert json.loads(out.read_text())["decode"]["weight_bytes_per_token"] == expected_decode_bytes(model)
+
+
+def test_gemv_prefetch_choice(model, tmp_path):
+    """Q3MOE_GEMV_PREFETCH=sw|hw picks the AVX-512 plain GEMV (the kernels name
+    ends in +hwpf for hw), anything else is named on stderr and ignored, and
+    decode logits are the same bits either way."""
+    def kernels(value):
+        out = tmp_path / f"m_{value}.json"
+        p = run([Q3MOE, "bench", "--membw", "--membw-mb", "8", "-t", "1", "--json", out],
+                env={**os.environ, "Q3MOE_GEMV_PREFETCH": value})
+        return json.loads(out.read_text())["machine"]["kernels"], p.stderr
+
+    sw, _ = kernels("sw")
+    hw, _ = kernels("hw")
+    assert not sw.endswith("+hwpf")
+    assert hw == (sw + "+hwpf" if sw.startswith("avx512") else sw)
+    _, err = kernels("sometimes")
+    assert "Q3MOE_GEMV_PREFETCH=sometimes" in err and "sw or hw" in err
+
+    ids = ",".join(str(i) for i in range(3, 40, 3))
+    logits = {}
+    for value in ("sw", "hw"):
+        out = tmp_path / f"logits_{value}.bin"
+        run([Q3MOE, "logits", "-m", model, "--ids", ids, "--prefill", "2", "-o", out],
+            env={**os.environ, "Q3MOE_GEMV_PREFETCH": value})
+        logits[value] = out.read_bytes()
+    assert len(logits["sw"]) > 0 and logits["sw"] == logits["hw"]
