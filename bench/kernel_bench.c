@@ -21,9 +21,10 @@
  * Q3_BENCH_DECODE_ONLY=1 skips the prefill; decode visits `layers` caches
  * in turn, so that more than the last-level cache is streamed as in a model):
  *   build/kernel_bench attn [positions heads kv_heads head_dim reps layers]
- * The AVX-512 BF16 GEMV with its software prefetch and without (the one in
- * force on Zen 4), each beside a plain read of its bytes, alternating in
- * one process (rows split evenly over the threads; transparent huge pages):
+ * The BF16 GEMV with its software prefetch and without (two rows at a
+ * time; in force on Zen 4), each beside a plain read of its bytes,
+ * alternating in one process, for the AVX-512 and the AVX2 tables where the
+ * CPU has them (rows split evenly over the threads; transparent huge pages):
  *   build/kernel_bench prefetch [rows cols pairs] */
 #include <immintrin.h>
 #include <math.h>
@@ -452,16 +453,14 @@ static double gemv_time(const q3_isa_kernels *k, float *out, const float *x, con
 
 static int prefetch_bench(int M, int K, int pairs) {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) {
-        fprintf(stderr, "kernel_bench prefetch: this CPU has no AVX-512F\n");
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) {
+        fprintf(stderr, "kernel_bench prefetch: this CPU has no AVX2+FMA+F16C\n");
         return 2;
     }
     if (M < 1 || K < 16 || pairs < 1 || pairs > 1000) {
         fprintf(stderr, "kernel_bench prefetch: rows >= 1, cols >= 16, 1 <= pairs <= 1000\n");
         return 2;
     }
-    q3_isa_kernels hw = q3_kernels_avx512;
-    q3_avx512_hw_prefetch_kernels(&hw);
     const size_t n = (size_t)M * K * 2, huge = (size_t)2 << 20;
     uint16_t *w = aligned_alloc(huge, (n + huge - 1) / huge * huge);
     float *x = malloc((size_t)K * 4), *out = malloc((size_t)M * 4);
@@ -474,22 +473,27 @@ static int prefetch_bench(int M, int K, int pairs) {
     for (size_t i = 0; i < (size_t)M * K; i++) w[i] = q3_f32_to_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
     for (int k = 0; k < K; k++) x[k] = (float)(k % 17) / 17.0f;
     const q3_mat W = {.data = w, .dtype = Q3_BF16, .rows = M, .cols = K};
-    const q3_isa_kernels *tables[2] = {&q3_kernels_avx512, &hw};
-    printf("BF16 GEMV %dx%d (%.0f MiB), %d threads, GB/s (ratio to a plain read just before)\n", M, K, n / 1048576.0,
-           omp_get_max_threads());
-    for (int p = 0; p < pairs; p++) {
-        printf("pair %2d:", p + 1);
-        for (int v = 0; v < 2; v++) {
-            const double rd = read_time(w, n, 1), g = gemv_time(tables[v], out, x, &W);
-            ratio[v * pairs + p] = rd / g;
-            printf("  %s read %5.1f gemv %5.1f (%.2f)", v ? "hw" : "sw", n / rd / 1e9, n / g / 1e9, rd / g);
+    for (int t = !__builtin_cpu_supports("avx512f"); t < 2; t++) {
+        const q3_isa_kernels *sw = t ? &q3_kernels_avx2 : &q3_kernels_avx512;
+        q3_isa_kernels hw = *sw;
+        (t ? q3_avx2_hw_prefetch_kernels : q3_avx512_hw_prefetch_kernels)(&hw);
+        const q3_isa_kernels *tables[2] = {sw, &hw};
+        printf("%s BF16 GEMV %dx%d (%.0f MiB), %d threads, GB/s (ratio to a plain read just before)\n", t ? "avx2" : "avx512",
+               M, K, n / 1048576.0, omp_get_max_threads());
+        for (int p = 0; p < pairs; p++) {
+            printf("pair %2d:", p + 1);
+            for (int v = 0; v < 2; v++) {
+                const double rd = read_time(w, n, 1), g = gemv_time(tables[v], out, x, &W);
+                ratio[v * pairs + p] = rd / g;
+                printf("  %s read %5.1f gemv %5.1f (%.2f)", v ? "hw" : "sw", n / rd / 1e9, n / g / 1e9, rd / g);
+            }
+            printf("\n");
         }
-        printf("\n");
+        qsort(ratio, pairs, sizeof *ratio, cmp_double);
+        qsort(ratio + pairs, pairs, sizeof *ratio, cmp_double);
+        printf("median ratio to the read: software prefetch %.2f, hardware only (two rows) %.2f\n", ratio[pairs / 2],
+               ratio[pairs + pairs / 2]);
     }
-    qsort(ratio, pairs, sizeof *ratio, cmp_double);
-    qsort(ratio + pairs, pairs, sizeof *ratio, cmp_double);
-    printf("median ratio to the read: software prefetch %.2f, hardware only %.2f\n", ratio[pairs / 2],
-           ratio[pairs + pairs / 2]);
     free(w), free(x), free(out), free(ratio);
     return 0;
 }

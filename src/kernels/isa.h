@@ -172,9 +172,11 @@ const q3_isa_kernels *q3_isa_current(void);
 extern const q3_isa_kernels q3_kernels_scalar;
 extern const q3_isa_kernels q3_kernels_avx2;
 extern const q3_isa_kernels q3_kernels_avx512;
-/* Puts the AVX-512 GEMV for plain dtypes that leaves the weight stream
- * to the hardware prefetchers into table k (isa_avx512.c). */
+/* Put the GEMV for plain dtypes that leaves the weight stream to the
+ * hardware prefetchers (two rows at a time, no software prefetch) into
+ * table k: the AVX-512 one (isa_avx512.c), the AVX2 one (isa_avx2.c). */
 void q3_avx512_hw_prefetch_kernels(q3_isa_kernels *k);
+void q3_avx2_hw_prefetch_kernels(q3_isa_kernels *k);
 /* gemm_bc_avx512.c */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);

@@ -31,33 +31,69 @@ INLINE float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Row o's sum past k (the 8-wide steps, then one element at a time) added
+ * to the four accumulators' reduction. */
+INLINE float row_rest(const void *d, size_t o, const float *x, const q3_mat *W, int k, q3_dtype dt, __m256 a0, __m256 a1,
+                      __m256 a2, __m256 a3) {
+    const int K = W->cols, k8 = K & ~7;
+    for (; k < k8; k += 8) a0 = _mm256_fmadd_ps(load8(d, o + k, dt), _mm256_loadu_ps(x + k), a0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; k < K; k++) {
+        float w;
+        q3_to_f32(&w, d, W->dtype, o + (size_t)k, 1);
+        s += x[k] * w;
+    }
+    return s;
+}
+
 /* One row at a time: consecutive rows are contiguous, so the weights form a
  * single sequential stream, which the hardware prefetcher follows best
  * (several rows in flight measured slower), with software prefetch past
- * its page edges (prefetch.h). Four accumulators hide the FMA latency. */
-INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt) {
-    const int K = W->cols, k32 = K & ~31, k8 = K & ~7;
-    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = Q3_PF_WEIGHTS;
+ * its page edges (prefetch.h). Four accumulators hide the FMA latency.
+ * With pf 0 (no software prefetch; isa_avx512.c's gemv_hw says where that
+ * pays) the range's two halves side by side instead, row i with row
+ * half + i, each row's sum still the one-row loop's, bit for bit. */
+INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt, const size_t pf) {
+    const int K = W->cols, k32 = K & ~31;
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2;
     const void *d = W->data;
-    for (int r = r0; r < r1; r++) {
+    int r = r0;
+    for (int c0 = r0; !pf && c0 < r1; c0 = r) {
+        const int c1 = r1 - c0 > Q3_GEMV_PAIR_SPAN ? c0 + Q3_GEMV_PAIR_SPAN : r1, half = (c1 - c0) / 2;
+        for (; r < c0 + half; r++) {
+            const size_t oa = (size_t)r * rs, ob = (size_t)(r + half) * rs;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            int k = 0;
+            for (; k < k32; k += 32) {
+                const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8), x2 = _mm256_loadu_ps(x + k + 16),
+                             x3 = _mm256_loadu_ps(x + k + 24);
+                a0 = _mm256_fmadd_ps(load8(d, oa + k, dt), x0, a0);
+                a1 = _mm256_fmadd_ps(load8(d, oa + k + 8, dt), x1, a1);
+                a2 = _mm256_fmadd_ps(load8(d, oa + k + 16, dt), x2, a2);
+                a3 = _mm256_fmadd_ps(load8(d, oa + k + 24, dt), x3, a3);
+                b0 = _mm256_fmadd_ps(load8(d, ob + k, dt), x0, b0);
+                b1 = _mm256_fmadd_ps(load8(d, ob + k + 8, dt), x1, b1);
+                b2 = _mm256_fmadd_ps(load8(d, ob + k + 16, dt), x2, b2);
+                b3 = _mm256_fmadd_ps(load8(d, ob + k + 24, dt), x3, b3);
+            }
+            out[r - r0] = row_rest(d, oa, x, W, k, dt, a0, a1, a2, a3);
+            out[r + half - r0] = row_rest(d, ob, x, W, k, dt, b0, b1, b2, b3);
+        }
+        r = c0 + 2 * half;
+        if (r < c1) break; /* an odd last row: the loop below */
+    }
+    for (; r < r1; r++) {
         const size_t o = (size_t)r * rs;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int k = 0;
         for (; k < k32; k += 32) {
-            q3_pf_lines((const char *)d + (o + k) * es, pf, 32 * es);
+            if (pf) q3_pf_lines((const char *)d + (o + k) * es, pf, 32 * es);
             a0 = _mm256_fmadd_ps(load8(d, o + k, dt), _mm256_loadu_ps(x + k), a0);
             a1 = _mm256_fmadd_ps(load8(d, o + k + 8, dt), _mm256_loadu_ps(x + k + 8), a1);
             a2 = _mm256_fmadd_ps(load8(d, o + k + 16, dt), _mm256_loadu_ps(x + k + 16), a2);
             a3 = _mm256_fmadd_ps(load8(d, o + k + 24, dt), _mm256_loadu_ps(x + k + 24), a3);
         }
-        for (; k < k8; k += 8) a0 = _mm256_fmadd_ps(load8(d, o + k, dt), _mm256_loadu_ps(x + k), a0);
-        float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        for (; k < K; k++) {
-            float w;
-            q3_to_f32(&w, d, W->dtype, o + (size_t)k, 1);
-            s += x[k] * w;
-        }
-        out[r - r0] = s;
+        out[r - r0] = row_rest(d, o, x, W, k, dt, a0, a1, a2, a3);
     }
 }
 
@@ -195,7 +231,7 @@ void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
     }
 }
 
-static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
+INLINE void gemv_pf(float *out, const float *x, const q3_mat *W, int r0, int r1, const size_t pf) {
     if (q3_dtype_is_mx(W->dtype) && W->cs <= 1 && W->cols % 32 == 0) {
         gemv_mx(out, x, W, r0, r1);
         return;
@@ -205,12 +241,21 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) {
         return;
     }
     switch (W->dtype) {
-    case Q3_BF16: gemv_t(out, x, W, r0, r1, Q3_BF16); break;
-    case Q3_F16: gemv_t(out, x, W, r0, r1, Q3_F16); break;
-    case Q3_F32: gemv_t(out, x, W, r0, r1, Q3_F32); break;
+    case Q3_BF16: gemv_t(out, x, W, r0, r1, Q3_BF16, pf); break;
+    case Q3_F16: gemv_t(out, x, W, r0, r1, Q3_F16, pf); break;
+    case Q3_F32: gemv_t(out, x, W, r0, r1, Q3_F32, pf); break;
     default: break;
     }
 }
+
+static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) { gemv_pf(out, x, W, r0, r1, Q3_PF_WEIGHTS); }
+
+/* Without software prefetch, two rows at a time (isa_avx512.c's gemv_hw).
+ * On the Zen 4 of BENCHMARKS.md with this table forced, one row at a time,
+ * reads of 61-66 GB/s: 59-62 GB/s without the prefetch, 42-43 with it. */
+static void gemv_hw(float *out, const float *x, const q3_mat *W, int r0, int r1) { gemv_pf(out, x, W, r0, r1, 0); }
+
+void q3_avx2_hw_prefetch_kernels(q3_isa_kernels *k) { k->gemv = gemv_hw; }
 
 /* Few tokens: 2 weight rows x up to 6 tokens of accumulators, each weight
  * vector widened once per token block; every (row, token) result is an

@@ -50,9 +50,9 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
     const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2;
     const void *d = W->data;
     int r = r0;
-    if (!pf) {
-        const int half = (r1 - r0) / 2;
-        for (; r < r0 + half; r++) {
+    for (int c0 = r0; !pf && c0 < r1; c0 = r) {
+        const int c1 = r1 - c0 > Q3_GEMV_PAIR_SPAN ? c0 + Q3_GEMV_PAIR_SPAN : r1, half = (c1 - c0) / 2;
+        for (; r < c0 + half; r++) {
             const size_t oa = (size_t)r * rs, ob = (size_t)(r + half) * rs;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             int k = 0;
@@ -71,7 +71,8 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
             out[r - r0] = row_rest(d, oa, x, W, k, dt, a0, a1, a2, a3);
             out[r + half - r0] = row_rest(d, ob, x, W, k, dt, b0, b1, b2, b3);
         }
-        r = r0 + 2 * half;
+        r = c0 + 2 * half;
+        if (r < c1) break; /* an odd last row: the loop below */
     }
     for (; r < r1; r++) {
         const size_t o = (size_t)r * rs;
@@ -115,8 +116,9 @@ static void gemv(float *out, const float *x, const q3_mat *W, int r0, int r1) { 
  * Two streams per call against one, no prefetch, in one process with reads
  * at 59-62 GB/s: 1 GiB 47.2 -> 59.9 GB/s, q30b8's QKV-sized matrices 45.0
  * -> 51.6, its experts' gate-sized 45.8 -> 53.2; four streams no better
- * than two. The MX GEMVs there do better with their prefetch (MXFP4 A8
- * 42-46 against 30-39 GB/s), so they keep it. */
+ * than two; the halves of a whole per-thread share, far apart, slower than
+ * one stream (hence Q3_GEMV_PAIR_SPAN). The MX GEMVs there do better with
+ * their prefetch (MXFP4 A8 42-46 against 30-39 GB/s), so they keep it. */
 static void gemv_hw(float *out, const float *x, const q3_mat *W, int r0, int r1) { gemv_pf(out, x, W, r0, r1, 0); }
 
 void q3_avx512_hw_prefetch_kernels(q3_isa_kernels *k) { k->gemv = gemv_hw; }

@@ -21,7 +21,9 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static q3_isa_kernels g_avx512;     /* the AVX-512 table, plus the VNNI integer kernels where the CPU has them */
 static int g_vnni;                  /* it has */
 static q3_isa_kernels g_avx512bf16; /* that plus the A8 kernels */
-static int g_hw_prefetch;           /* the AVX-512 tables' plain GEMV leaves its stream to the hardware */
+static q3_isa_kernels g_avx2;       /* the AVX2 table */
+static int g_hw_prefetch;           /* the plain GEMVs leave their streams to the hardware prefetchers */
+static char g_desc[Q3_ISA_COUNT][32]; /* q3_kernels_desc's names, per table */
 /* Counts matmul passes: an A8 input widened to bf16 by a thread stays
  * valid for the rest of the pass (inputs do not change within one). */
 static unsigned long long g_pass;
@@ -49,36 +51,37 @@ static void set_isa(q3_isa isa) {
     g_isa = isa;
     g_k = isa == Q3_ISA_AVX512BF16 ? &g_avx512bf16
           : isa == Q3_ISA_AVX512   ? &g_avx512
-          : isa == Q3_ISA_AVX2     ? &q3_kernels_avx2
+          : isa == Q3_ISA_AVX2     ? &g_avx2
                                    : &q3_kernels_scalar;
 }
 
-/* An AMD family 19h core: Zen 3 or Zen 4, and of these only Zen 4 has
- * AVX-512, the one table this decides for. */
-static int amd_family_19h(void) {
+/* Zen 4: AMD family 19h (Zen 3 and Zen 4) with AVX-512 (Zen 4 only). */
+static int amd_zen4(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u /* "Auth"enticAMD */) return 0;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     unsigned family = (a >> 8) & 0xf;
     if (family == 0xf) family += (a >> 20) & 0xff;
-    return family == 0x19;
+    return family == 0x19 && __builtin_cpu_supports("avx512f");
 }
 
-/* Whether the plain-dtype AVX-512 GEMV should go without its software
- * prefetch (isa_avx512.c says why): on Zen 4 by default, where it measured
- * faster; Q3MOE_GEMV_PREFETCH=sw|hw decides instead. */
+/* Whether the plain-dtype GEMVs should go without their software prefetch
+ * (isa_avx512.c's gemv_hw says why): on Zen 4 by default, where that
+ * measured faster with either table; Q3MOE_GEMV_PREFETCH=sw|hw decides
+ * instead (Zen 3 was not measured without it since the prefetch came in). */
 static int use_hw_prefetch(void) {
     const char *env = getenv("Q3MOE_GEMV_PREFETCH");
     if (env && !strcmp(env, "sw")) return 0;
     if (env && !strcmp(env, "hw")) return 1;
     if (env && *env) fprintf(stderr, "q3moe: ignoring Q3MOE_GEMV_PREFETCH=%s (expected sw or hw)\n", env);
-    return amd_family_19h();
+    return amd_zen4();
 }
 
 static void init_once(void) {
     g_avx512 = q3_kernels_avx512;
+    g_avx2 = q3_kernels_avx2;
     g_hw_prefetch = use_hw_prefetch();
-    if (g_hw_prefetch) q3_avx512_hw_prefetch_kernels(&g_avx512);
+    if (g_hw_prefetch) q3_avx512_hw_prefetch_kernels(&g_avx512), q3_avx2_hw_prefetch_kernels(&g_avx2);
     g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512vnni");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) q3_avx512bw_mx_kernels(&g_avx512);
@@ -92,17 +95,16 @@ static void init_once(void) {
     else if (env && !strcmp(env, "avx512")) isa = Q3_ISA_AVX512;
     else if (env && !strcmp(env, "avx512bf16")) isa = Q3_ISA_AVX512BF16;
     set_isa(isa);
+    for (int i = 0; i < Q3_ISA_COUNT; i++)
+        snprintf(g_desc[i], sizeof g_desc[i], "%s%s%s", q3_isa_name((q3_isa)i), g_vnni && i >= Q3_ISA_AVX512 ? "+vnni" : "",
+                 g_hw_prefetch && i >= Q3_ISA_AVX2 ? "+hwpf" : "");
 }
 
 void q3_kernels_init(void) { pthread_once(&g_once, init_once); }
 
 const char *q3_kernels_desc(void) {
-    static const char *vnni[] = {"scalar", "avx2", "avx512+vnni", "avx512bf16+vnni"};
-    static const char *vnni_hw[] = {"scalar", "avx2", "avx512+vnni+hwpf", "avx512bf16+vnni+hwpf"};
-    static const char *hw[] = {"scalar", "avx2", "avx512+hwpf", "avx512bf16+hwpf"};
     q3_kernels_init();
-    if (g_isa < Q3_ISA_AVX512) return q3_isa_name(g_isa);
-    return g_vnni ? (g_hw_prefetch ? vnni_hw : vnni)[g_isa] : g_hw_prefetch ? hw[g_isa] : q3_isa_name(g_isa);
+    return g_desc[g_isa];
 }
 
 void q3_kernels_force(q3_isa isa) {

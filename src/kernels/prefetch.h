@@ -25,6 +25,14 @@
 
 enum { Q3_PF_WEIGHTS = 3584, Q3_PF_BYTES = 4096, Q3_PF_ROWS = 4, Q3_SC_PF_BYTES = 256 };
 
+/* The plain GEMVs without software prefetch read two rows side by side,
+ * row i and row half + i of each span of this many rows (isa_avx512.c's
+ * gemv_hw says why; halves far apart, as whole per-thread shares of a
+ * large matrix, ran slower than one stream). */
+#ifndef Q3_GEMV_PAIR_SPAN
+#define Q3_GEMV_PAIR_SPAN 128
+#endif
+
 /* How far ahead of the scale stream (nb scale bytes per row). */
 static inline size_t q3_pf_scales(size_t nb) {
     return Q3_PF_ROWS * nb > Q3_SC_PF_BYTES ? Q3_PF_ROWS * nb : Q3_SC_PF_BYTES;
