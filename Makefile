@@ -88,9 +88,11 @@ build/tests-mpi/comm_check: tests/mpi/comm_check.c $(LIB_REL)
 	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -o $@ $< $(LIB_REL) $(LDLIBS)
 
 # Kernel micro-benchmark (bench/kernel_bench.c): `make bench`.
-build/kernel_bench: bench/kernel_bench.c $(LIB_REL)
+# It reads memory by `q3moe bench`'s read pass (src/cli/bench_machine.c).
+BENCH_OBJ := build/obj/src/cli/bench_machine.o
+build/kernel_bench: bench/kernel_bench.c $(LIB_REL) $(BENCH_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -o $@ $< $(LIB_REL) $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -o $@ $< $(BENCH_OBJ) $(LIB_REL) $(LDLIBS)
 
 bench: build/kernel_bench
 
@@ -99,13 +101,13 @@ bench: build/kernel_bench
 # own with its symbols renamed, so that neither sits in the library.
 AB_REV ?= HEAD
 AB_CC = $(CC) $(filter-out -Isrc,$(CFLAGS_BASE)) $(OPT) -c src/kernels/gemm_bc_avx512.c
-gemm-ab: $(LIB_REL)
+gemm-ab: $(LIB_REL) $(BENCH_OBJ)
 	rm -rf build/ab && mkdir -p build/ab/rev
 	git archive $(AB_REV) src | tar -x -C build/ab/rev
 	cd build/ab/rev && $(AB_CC) -Isrc -Dq3_avx512_gemm_bc=ab_gemm_bc -Dq3_avx512_bc_pack_act=ab_bc_pack_act -o ../rev.o
 	$(AB_CC) -Isrc -Dq3_avx512_gemm_bc=ab_this_gemm_bc -Dq3_avx512_bc_pack_act=ab_this_bc_pack_act -o build/ab/this.o
 	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -DQ3_GEMM_AB -o build/gemm_ab bench/kernel_bench.c build/ab/rev.o build/ab/this.o \
-		$(LIB_REL) $(LDLIBS)
+		$(BENCH_OBJ) $(LIB_REL) $(LDLIBS)
 
 asan: build/asan/q3moe $(UNIT_SAN)
 unit: $(UNIT_REL) $(UNIT_SAN)

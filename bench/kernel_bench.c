@@ -26,7 +26,6 @@
  * alternating in one process, for the AVX-512 and the AVX2 tables where the
  * CPU has them (rows split evenly over the threads; transparent huge pages):
  *   build/kernel_bench prefetch [rows cols pairs] */
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -34,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench_machine.h"
 #include "kernels/attention.h"
 #include "io/safetensors.h"
 #include "kernels/isa.h"
@@ -51,56 +51,17 @@ static void *big_alloc(size_t n) {
     return p;
 }
 
-/* Sums of 64-bit words: the plain read. AVX2 with four accumulators where
- * the CPU has it (a scalar XOR loop topped out near 28 GB/s on a Zen 4
- * whose memory gave 60, below the GEMVs it was the yardstick for). */
-__attribute__((target("avx2"))) static uint64_t sum_words_avx2(const uint64_t *p, size_t nw) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    const __m256i *v = (const __m256i *)p;
-    size_t i = 0;
-    for (; i + 16 <= nw; i += 16, v += 4) {
-        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(v));
-        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(v + 1));
-        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(v + 2));
-        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(v + 3));
-    }
-    a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
-    uint64_t s = (uint64_t)_mm256_extract_epi64(a0, 0) + (uint64_t)_mm256_extract_epi64(a0, 1) +
-                 (uint64_t)_mm256_extract_epi64(a0, 2) + (uint64_t)_mm256_extract_epi64(a0, 3);
-    for (; i < nw; i++) s += p[i];
-    return s;
-}
-
-static uint64_t sum_words(const uint64_t *p, size_t nw) {
-    if (__builtin_cpu_supports("avx2")) return sum_words_avx2(p, nw);
-    uint64_t s = 0;
-    for (size_t i = 0; i < nw; i++) s += p[i];
-    return s;
-}
-
-/* Seconds to read n bytes at p with all threads, each a contiguous share
- * (best of reps): the streaming limit a GEMV over the same buffer is
- * compared with. */
+/* Seconds to read n bytes at p with all threads (best of reps), by `q3moe
+ * bench`'s read pass (each thread a contiguous share, AVX2 sums): the
+ * streaming limit a GEMV over the same buffer is compared with. (A scalar
+ * XOR loop here before topped out near 28 GB/s on a Zen 4 whose memory gave
+ * 60, below the GEMVs it was the yardstick for.) */
 static double read_time(const void *p, size_t n, int reps) {
-    const uint64_t *w = p;
-    const size_t nw = n / 8;
     double best = 1e30;
-    volatile uint64_t sink = 0;
-    __builtin_cpu_init();
     for (int r = 0; r < reps; r++) {
-        uint64_t s = 0;
-        double t0 = omp_get_wtime();
-#pragma omp parallel reduction(+ : s)
-        {
-            const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-            const size_t w0 = nw * t / nt, w1 = nw * (t + 1) / nt;
-            s += sum_words(w + w0, w1 - w0);
-        }
-        double t1 = omp_get_wtime();
-        sink ^= s;
-        if (t1 - t0 < best) best = t1 - t0;
+        const double gbs = bench_read_pass(p, n);
+        if (gbs > 0 && n / (gbs * 1e9) < best) best = n / (gbs * 1e9);
     }
-    (void)sink;
     return best;
 }
 
@@ -356,11 +317,12 @@ static int attn_bench(int P, int H, int KVH, int D, int reps, int layers) {
     return 0;
 }
 
-#ifdef Q3_GEMM_AB
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
+
+#ifdef Q3_GEMM_AB
 
 /* The AVX-512 broadcast GEMM of another revision (make gemm-ab AB_REV=...)
  * and of this tree, each its own object with its symbols renamed. */
@@ -433,11 +395,6 @@ static int gemm_ab_bench(int P, double skew, int reps) {
     return 0;
 }
 #endif
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Seconds for one GEMV of W with table k's kernel, rows split evenly. */
 static double gemv_time(const q3_isa_kernels *k, float *out, const float *x, const q3_mat *W) {

@@ -48,18 +48,19 @@ INLINE float row_rest(const void *d, size_t o, const float *x, const q3_mat *W, 
 
 /* One row at a time: consecutive rows are contiguous, so the weights form a
  * single sequential stream, which the hardware prefetcher follows best
- * (several rows in flight measured slower), with software prefetch past
- * its page edges (prefetch.h). Four accumulators hide the FMA latency.
- * With pf 0 (no software prefetch; isa_avx512.c's gemv_hw says where that
- * pays) the range's two halves side by side instead, row i with row
- * half + i, each row's sum still the one-row loop's, bit for bit. */
+ * (with the software prefetch, several rows in flight measured slower),
+ * with software prefetch past its page edges (prefetch.h). Four
+ * accumulators hide the FMA latency. With pf 0 (no software prefetch;
+ * isa_avx512.c's gemv_hw says where that pays) two streams instead, as
+ * isa_avx512.c's gemv_t pairs them, each row's sum still the one-row
+ * loop's, bit for bit. */
 INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, q3_dtype dt, const size_t pf) {
     const int K = W->cols, k32 = K & ~31;
     const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2;
     const void *d = W->data;
     int r = r0;
-    for (int c0 = r0; !pf && c0 < r1; c0 = r) {
-        const int c1 = r1 - c0 > Q3_GEMV_PAIR_SPAN ? c0 + Q3_GEMV_PAIR_SPAN : r1, half = (c1 - c0) / 2;
+    for (int c0 = r0; !pf && r1 - c0 >= 2; c0 = r) {
+        const int half = q3_pair_half(c0, r1);
         for (; r < c0 + half; r++) {
             const size_t oa = (size_t)r * rs, ob = (size_t)(r + half) * rs;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
@@ -80,7 +81,6 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
             out[r + half - r0] = row_rest(d, ob, x, W, k, dt, b0, b1, b2, b3);
         }
         r = c0 + 2 * half;
-        if (r < c1) break; /* an odd last row: the loop below */
     }
     for (; r < r1; r++) {
         const size_t o = (size_t)r * rs;

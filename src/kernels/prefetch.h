@@ -33,6 +33,10 @@ enum { Q3_PF_WEIGHTS = 3584, Q3_PF_BYTES = 4096, Q3_PF_ROWS = 4, Q3_SC_PF_BYTES 
 #define Q3_GEMV_PAIR_SPAN 128
 #endif
 
+/* Rows apart of the pairs in the span of rows from c (r1 - c >= 2): half
+ * of the span, the last one's odd row left over. */
+static inline int q3_pair_half(int c, int r1) { return (r1 - c < Q3_GEMV_PAIR_SPAN ? r1 - c : Q3_GEMV_PAIR_SPAN) / 2; }
+
 /* How far ahead of the scale stream (nb scale bytes per row). */
 static inline size_t q3_pf_scales(size_t nb) {
     return Q3_PF_ROWS * nb > Q3_SC_PF_BYTES ? Q3_PF_ROWS * nb : Q3_SC_PF_BYTES;
