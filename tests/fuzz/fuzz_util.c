@@ -1,0 +1,46 @@
+#include "fuzz_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util/error.h"
+
+static char g_dir[64];
+
+static void remove_dir(void) {
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "fuzz: could not remove %s\n", g_dir);
+}
+
+const char *fuzz_dir(void) {
+    if (!g_dir[0]) {
+        snprintf(g_dir, sizeof g_dir, "/tmp/q3fuzz.XXXXXX");
+        if (!mkdtemp(g_dir)) {
+            perror("fuzz: mkdtemp");
+            abort();
+        }
+        atexit(remove_dir);
+    }
+    return g_dir;
+}
+
+const char *fuzz_write(const char *name, const void *data, size_t n) {
+    static char path[128];
+    snprintf(path, sizeof path, "%s/%s", fuzz_dir(), name);
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) {
+        perror(path);
+        abort();
+    }
+    return path;
+}
+
+void fuzz_done(int rc) {
+    static int verbose = -1;
+    if (verbose < 0) verbose = getenv("FUZZ_VERBOSE") != NULL;
+    if (verbose) fprintf(stderr, "%s\n", rc == 0 ? "loaded" : q3_errmsg());
+    q3_err_clear();
+}

@@ -1,0 +1,20 @@
+/* Shared by the libFuzzer targets (README.md, "Fuzzing"): inputs reach the
+ * loaders as files, as they would from a user, in a private temp folder. */
+#ifndef Q3_FUZZ_UTIL_H
+#define Q3_FUZZ_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The process's temp folder (made once; removed at exit). */
+const char *fuzz_dir(void);
+/* Write n bytes to fuzz_dir()/name; returns the path (static storage,
+ * overwritten by the next call), or aborts when the write fails (a broken
+ * harness, not a finding). */
+const char *fuzz_write(const char *name, const void *data, size_t n);
+
+/* Ends one input: with FUZZ_VERBOSE set, prints how the loader answered
+ * (the refusal message, or "loaded"); clears the error either way. */
+void fuzz_done(int rc);
+
+#endif
