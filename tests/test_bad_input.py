@@ -369,6 +369,14 @@ def test_text_prompt_without_tokenizer(tiny):
     expect_error(["generate", "-m", tiny, "-n", "1", "-p", "hello"], must=["tokenizer.json"])
 
 
+def test_empty_tokenizer_json(tiny, work):
+    # Found by `make fuzz-run` (tokenizer_json): an empty file maps to no
+    # memory, and the scanner did arithmetic on the NULL pointer.
+    d = corrupt(tiny, work, lambda d: (d / "tokenizer.json").write_bytes(b""))
+    err = expect_error(["generate", "-m", d, "-n", "1", "-p", "hello"], must=["tokenizer.json"])
+    assert "empty" in err, f"empty file not named:\n{err}"
+
+
 # ------------------------------------------------------------ command line
 
 @pytest.mark.parametrize("args,names", [

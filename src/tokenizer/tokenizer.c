@@ -7,6 +7,11 @@
 #include "util/file.h"
 
 q3_tokenizer *q3_tok_load_buffer(const char *json, size_t len, const char *name) {
+    /* (An empty file maps to no memory at all: json may be NULL.) */
+    if (len == 0) {
+        q3_err("%s: empty file (expected a Hugging Face tokenizer.json)", name);
+        return NULL;
+    }
     q3_tokenizer *t = q3_calloc(1, sizeof *t);
     t->path = q3_strdup(name);
     if (tok_load_json(t, json, len)) {

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 q3moe=${Q3MOE:-build/q3moe}
 out=$1
 rm -rf "$out"
-mkdir -p "$out"/{q3m,safetensors,config,plan,tokenize}
+mkdir -p "$out"/{q3m,safetensors,config,plan,tokenize,tokenizer_json}
 geo=(--layers 1 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --experts 4 --top-k 2 --moe-ffn 64 --vocab 64
      --tokenizer none)
 for q in w4a8 w8a8i bf16; do
@@ -35,5 +35,18 @@ for i, line in enumerate(open("tests/data/tokenizer_corpus.jsonl", encoding="utf
     if line.strip():
         open(f"{sys.argv[1]}/corpus-{i:03d}.txt", "w", encoding="utf-8").write(json.loads(line))
 open(f"{sys.argv[1]}/chat.txt", "w").write("<|im_start|>user\nHi <think>\n\n</think> there<|im_end|>\n")
+PY
+# A small tokenizer.json: the real one's settings, its first 600 vocab
+# entries (the 256 byte symbols among them), the merges among those, and
+# its added tokens renumbered after them.
+python3 - build/tokenizer/tokenizer.json "$out/tokenizer_json/small.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1], encoding="utf-8"))
+m = t["model"]
+m["vocab"] = {k: v for k, v in m["vocab"].items() if v < 600}
+m["merges"] = [p for p in m["merges"] if p[0] in m["vocab"] and p[1] in m["vocab"] and p[0] + p[1] in m["vocab"]]
+for i, a in enumerate(t["added_tokens"]):
+    a["id"] = 600 + i
+json.dump(t, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False, indent=1)
 PY
 echo "fuzz seeds in $out: $(find "$out" -type f | wc -l) files" >&2
