@@ -1,5 +1,6 @@
 /* A .q3m file of any content: q3_model_load must load it or refuse it
- * with a message, never crash, hang or run out of memory. The harness
+ * with a message, never crash, hang or run out of memory, and a model it
+ * loads must run (fuzz_run_model). The harness
  * repairs the file size field and the checksums (header + table, and each
  * section's), so that mutations reach the table, section and tensor checks
  * and the embedded config instead of stopping at the first checksum. */
@@ -50,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     free(b);
     q3_model m;
     const int rc = q3_model_load(&m, path);
-    if (rc == 0) q3_model_free(&m);
+    if (rc == 0) fuzz_run_model(&m), q3_model_free(&m);
     fuzz_done(rc);
     return 0;
 }

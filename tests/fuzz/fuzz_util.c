@@ -5,6 +5,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <omp.h>
+
+#include "model/forward.h"
+#include "model/model.h"
 #include "util/error.h"
 
 static char g_dir[64];
@@ -43,4 +47,23 @@ void fuzz_done(int rc) {
     if (verbose < 0) verbose = getenv("FUZZ_VERBOSE") != NULL;
     if (verbose) fprintf(stderr, "%s\n", rc == 0 ? "loaded" : q3_errmsg());
     q3_err_clear();
+}
+
+void fuzz_run_model(const void *model) {
+    const q3_model *m = model;
+    omp_set_num_threads(1);
+    q3_state st;
+    if (q3_state_init(&st, m, 8, 4)) {
+        fprintf(stderr, "fuzz: no state for a loaded model: %s\n", q3_errmsg());
+        abort();
+    }
+    const int V = m->cfg.vocab_size;
+    const int32_t ids[3] = {1 % V, 2 % V, (V - 1) % V};
+    float *logits = malloc((size_t)V * sizeof *logits);
+    if (!logits || q3_forward(m, &st, ids, 3, logits, 0) || q3_forward(m, &st, ids, 1, logits, 0)) {
+        fprintf(stderr, "fuzz: a loaded model did not run: %s\n", q3_errmsg());
+        abort();
+    }
+    free(logits);
+    q3_state_free(&st);
 }

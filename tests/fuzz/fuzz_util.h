@@ -13,6 +13,10 @@ const char *fuzz_dir(void);
  * harness, not a finding). */
 const char *fuzz_write(const char *name, const void *data, size_t n);
 
+/* A model that loads must also run: a 3-token prefill and one decode step
+ * on one thread (any logits, NaN included; no crash). */
+void fuzz_run_model(const void *model);
+
 /* Ends one input: with FUZZ_VERBOSE set, prints how the loader answered
  * (the refusal message, or "loaded"); clears the error either way. */
 void fuzz_done(int rc);
