@@ -1,5 +1,6 @@
 #include "fuzz_util.h"
 
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,10 +14,13 @@
 
 static char g_dir[64];
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
 static void remove_dir(void) {
-    char cmd[96];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "fuzz: could not remove %s\n", g_dir);
+    if (nftw(g_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS) != 0) fprintf(stderr, "fuzz: could not remove %s\n", g_dir);
 }
 
 const char *fuzz_dir(void) {
