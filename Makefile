@@ -36,7 +36,7 @@ UNIT_REL := $(UNIT_SRC:tests/unit/%.c=build/tests/%)
 UNIT_SAN := $(UNIT_SRC:tests/unit/%.c=build/asan/tests/%)
 # Fuzz targets (tests/fuzz/): libFuzzer builds for `make fuzz`, replays of
 # them in the ASan build for `make test`.
-FUZZ_TARGETS := q3m safetensors config plan tokenize tokenizer_json
+FUZZ_TARGETS := q3m safetensors convert config plan tokenize tokenizer_json
 REPLAY_BINS  := $(FUZZ_TARGETS:%=build/asan/fuzz/replay_%)
 
 DEPS_STAMP := build/.deps-ok

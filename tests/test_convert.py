@@ -354,6 +354,7 @@ def test_non_finite_weight_refused(tiny, work, value, word):
     out = work / "m.q3m"
     p = run(["convert", "-m", d, "-o", out], check=False, binary=Q3MOE_CHECK)
     assert p.returncode == 1 and name in p.stderr and word in p.stderr and "[0, 70]" in p.stderr
+    assert str(d / "model.safetensors") in p.stderr, f"the source file is not named:\n{p.stderr}"
     assert not out.exists() and sorted(os.listdir(work)) == ["ck"], "partial output left behind"
     # the same tensor kept as stored converts fine
     run(["convert", "-m", d, "-o", out, "--ffn", "bf16", "-q"])

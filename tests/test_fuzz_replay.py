@@ -20,9 +20,9 @@ SAN_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
 }
-TARGETS = ("q3m", "safetensors", "config", "plan", "tokenize", "tokenizer_json")
+TARGETS = ("q3m", "safetensors", "convert", "config", "plan", "tokenize", "tokenizer_json")
 # Mutants per seed file (tokenize has 300 seeds, the others 1-3).
-MUTATIONS = {"q3m": 400, "safetensors": 400, "config": 1000, "plan": 1000, "tokenize": 30, "tokenizer_json": 500}
+MUTATIONS = {"q3m": 400, "safetensors": 400, "convert": 150, "config": 1000, "plan": 1000, "tokenize": 30, "tokenizer_json": 500}
 TOKENIZER = os.path.join(ROOT, "build", "tokenizer", "tokenizer.json")
 TIMEOUT_S = 300
 

@@ -305,8 +305,9 @@ static int write_quantized(writer *w, const q3_tensor_source *s, int ti, const q
             q3_to_f32(x, src, t->dtype, (size_t)bad * cols, cols);
             size_t k = 0;
             while (k < cols && isfinite(x[k])) k++;
-            rc = q3_err("tensor %s: element [%zu, %zu] is %s; a weight must be finite to be quantized", t->name,
-                        r0 + (size_t)bad, k, isnan(x[k]) ? "NaN" : x[k] > 0 ? "+infinity" : "-infinity");
+            rc = q3_err("%s%stensor %s: element [%zu, %zu] is %s; a weight must be finite to be quantized",
+                        s->origin ? s->origin(s->ctx, ti) : "", s->origin ? ": " : "", t->name, r0 + (size_t)bad, k,
+                        isnan(x[k]) ? "NaN" : x[k] > 0 ? "+infinity" : "-infinity");
             free(x);
             break;
         }
@@ -517,6 +518,11 @@ static const void *st_read(void *ctx, int i, uint64_t first, size_t n, void *scr
     return (const unsigned char *)t->data + first * q3_dtype_size(t->dtype);
 }
 
+static const char *st_origin(void *ctx, int i) {
+    const q3_st_archive *a = ctx;
+    return a->files[a->tensors[i].file].path;
+}
+
 /* Let the pages of a source tensor go once converted: the resident set then
  * stays at about one tensor, whatever the model size. */
 static void st_release(void *ctx, int i) {
@@ -573,7 +579,7 @@ int q3_convert(const q3_convert_opts *o, q3_convert_stats *st) {
         memcpy(ts[i].shape, t->shape, sizeof ts[i].shape);
     }
     q3_tensor_source src = {
-        .tensors = ts, .n_tensors = a->n_tensors, .read = st_read, .release = st_release, .ctx = a,
+        .tensors = ts, .n_tensors = a->n_tensors, .read = st_read, .release = st_release, .origin = st_origin, .ctx = a,
         .config = cfg.bytes, .config_len = cfg.len, .tokenizer = tok.bytes, .tokenizer_len = tok.len,
         .tokenizer_config = tokc.bytes, .tokenizer_config_len = tokc.len,
     };

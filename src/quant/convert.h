@@ -36,6 +36,8 @@ typedef struct {
     const void *(*read)(void *ctx, int i, uint64_t first, size_t n, void *scratch);
     /* Tensor i is written and its memory may go; NULL when nothing to do. */
     void (*release)(void *ctx, int i);
+    /* The file tensor i is read from, for messages; NULL: no file (synth). */
+    const char *(*origin)(void *ctx, int i);
     void *ctx;
     /* Files embedded verbatim: config.json is required; a tokenizer file
      * with NULL bytes is left out. */

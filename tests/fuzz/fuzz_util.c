@@ -12,6 +12,14 @@
 #include "model/model.h"
 #include "util/error.h"
 
+const char fuzz_micro_config[] =
+    "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", \"head_dim\": 32,"
+    " \"hidden_size\": 64, \"intermediate_size\": 512, \"max_position_embeddings\": 40960,"
+    " \"mlp_only_layers\": [], \"moe_intermediate_size\": 64, \"norm_topk_prob\": true,"
+    " \"num_attention_heads\": 2, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 1,"
+    " \"num_key_value_heads\": 1, \"decoder_sparse_step\": 1, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+    " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"vocab_size\": 64}";
+
 static char g_dir[64];
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {

@@ -6,6 +6,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* config.json of the micro model tests/fuzz/seeds.sh makes (1 layer,
+ * hidden 64, 2 heads of 32, 4 experts of 64, vocab 64). */
+extern const char fuzz_micro_config[];
+
 /* The process's temp folder (made once; removed at exit). */
 const char *fuzz_dir(void);
 /* Write n bytes to fuzz_dir()/name; returns the path (static storage,

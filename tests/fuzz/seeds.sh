@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 q3moe=${Q3MOE:-build/q3moe}
 out=$1
 rm -rf "$out"
-mkdir -p "$out"/{q3m,safetensors,config,plan,tokenize,tokenizer_json}
+mkdir -p "$out"/{q3m,safetensors,convert,config,plan,tokenize,tokenizer_json}
 geo=(--layers 1 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --experts 4 --top-k 2 --moe-ffn 64 --vocab 64
      --tokenizer none)
 for q in w4a8 w8a8i bf16; do
@@ -21,6 +21,10 @@ trap 'rm -rf "$tmp"' EXIT
 "$q3moe" synth -o "$tmp/dense" --preset tiny-dense --layers 1 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 \
     --ffn 64 --vocab 64 --tokenizer none --dtype mixed >/dev/null 2>&1
 cp "$tmp/moe/model.safetensors" "$out/safetensors/moe.safetensors"
+# convert: a scheme byte (fuzz_convert.c: 0 w4a8, 2 w4a8i, 6 bf16), then the file.
+for s in 0 2 6; do
+    { printf "\\$(printf %03o "$s")"; cat "$tmp/moe/model.safetensors"; } >"$out/convert/moe-$s.bin"
+done
 cp "$tmp/moe/config.json" "$out/config/moe.json"
 cp "$tmp/dense/config.json" "$out/config/dense.json"
 printf 'model_path: /models/q\nparallel_config:\n  attn_tp_size: 2\n  moe_tp_size: 1\n  moe_ep_size: 2\n' \
