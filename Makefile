@@ -53,7 +53,7 @@ help:
 	@echo "make test   run the whole test suite (unit tests, ASan+UBSan, reference tests)"
 	@echo "make bench  build build/kernel_bench, the kernel micro-benchmark"
 	@echo "make gemm-ab AB_REV=REV  build/gemm_ab: the broadcast GEMM against revision REV's, in one process"
-	@echo "make fuzz   build the libFuzzer targets and their seeds (README.md, "Fuzzing")"
+	@echo "make fuzz   build the libFuzzer targets and their seeds (README.md, section Fuzzing)"
 	@echo "make fuzz-run FUZZ_SECONDS=N  run each target N seconds (default 60)"
 	@echo "make clean  remove build/"
 

@@ -18,7 +18,8 @@ const char *fuzz_dir(void);
 const char *fuzz_write(const char *name, const void *data, size_t n);
 
 /* A model that loads must also run: a 3-token prefill and one decode step
- * on one thread (any logits, NaN included; no crash). */
+ * on one thread (any logits, NaN included; no crash). model is a
+ * q3_model (void so that this header needs none of the model's). */
 void fuzz_run_model(const void *model);
 
 /* Ends one input: with FUZZ_VERBOSE set, prints how the loader answered
