@@ -358,6 +358,65 @@ def test_regular_file_is_not_a_checkpoint(work):
     expect_error(logits_args(f, work), any_of=[str(f), "director"])
 
 
+# ------------------------------------------------- non-finite weights
+
+def set_bf16(name, value, at=None):
+    """Mutation: element at = (row, col) of a 2-D BF16 tensor (every element
+    when None) set to the 16-bit pattern `value`."""
+    def mutate(header, body):
+        b0, b1 = header[name]["data_offsets"]
+        body = bytearray(body)
+        if at is None:
+            body[b0:b1] = struct.pack("<H", value) * ((b1 - b0) // 2)
+        else:
+            struct.pack_into("<H", body, b0 + 2 * (at[0] * header[name]["shape"][1] + at[1]), value)
+        return bytes(body)
+    return edit_st(mutate)
+
+
+NAN_RUNS = {
+    "greedy": lambda d, w: ["generate", "-m", d, "--ids", "1,2,3", "-n", "4", "--temp", "0"],
+    "sampled": lambda d, w: ["generate", "-m", d, "--ids", "1,2,3", "-n", "4", "--seed", "1"],
+    "top_p": lambda d, w: ["generate", "-m", d, "--ids", "1,2,3", "-n", "4", "--top-k", "0", "--seed", "1"],
+    "perplexity": lambda d, w: ["perplexity", "-m", d, "--ids", "1,2,3,4,5"],
+}
+
+
+@pytest.mark.parametrize("value,word", [(0x7FC0, "NaN"), (0xFF80, "-infinity")])
+@pytest.mark.parametrize("how", sorted(NAN_RUNS))
+def test_non_finite_weight_named(tiny, work, how, value, word):
+    """Weights are not checked at load; NaN logits must stop the run and
+    name the tensor, never print made-up tokens."""
+    d = corrupt(tiny, work, set_bf16(Q_PROJ, value, (2, 70)))
+    err = expect_error(NAN_RUNS[how](d, work), exit_code=1)
+    assert f"tensor {Q_PROJ} in {d / 'model.safetensors'} holds {word} at [2, 70]" in err, err
+
+
+def test_non_finite_weight_of_base_named(tiny, work):
+    d = corrupt(tiny, work, set_bf16(Q_PROJ, 0x7F80, (0, 5)))
+    err = expect_error(["perplexity", "-m", tiny, "--base", d, "--ids", "1,2,3,4"], exit_code=1)
+    assert f"tensor {Q_PROJ} in {d / 'model.safetensors'} holds +infinity at [0, 5]" in err, err
+
+
+def test_activation_overflow_named(tiny, work):
+    # every element the largest finite bf16: the residual overflows to inf,
+    # and the next RMSNorm turns it into NaN
+    d = corrupt(tiny, work, set_bf16("model.layers.0.self_attn.o_proj.weight", 0x7F7F))
+    err = expect_error(NAN_RUNS["greedy"](d, work), must=["activation overflowed"], exit_code=1)
+    assert "holds" not in err
+
+
+def test_non_finite_weight_in_q3m_named(tiny, work):
+    """convert keeps BF16 tensors as they are; the .q3m is scanned too."""
+    d = corrupt(tiny, work, set_bf16(Q_PROJ, 0x7FC0, (0, 9)))
+    out = work / "m.q3m"
+    p = subprocess.run([Q3MOE, "convert", "-m", d, "-o", out, "--attn", "bf16", "-q"], capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
+    assert p.returncode == 0, p.stderr
+    err = expect_error(NAN_RUNS["greedy"](out, work), exit_code=1)
+    assert f"tensor {Q_PROJ} in {out} holds NaN at [0, 9]" in err, err
+
+
 # ----------------------------------------------------------------- prompts
 
 def test_invalid_utf8_prompt(tiny_tok):

@@ -274,8 +274,11 @@ int cmd_perplexity(int argc, char **argv) {
         /* Summed in position order: the result does not depend on the thread count. */
         for (int r = 0; r < n - 1; r++) {
             if (!isfinite(ps[r].nll) || (have_b && (!isfinite(ps[r].base_nll) || !isfinite(ps[r].kl)))) {
-                fail("non-finite logits at token %zu (chunk %zu, position %d)", c * (size_t)chunk + (size_t)r, c + 1, r);
-                goto done;
+                char what[128];
+                snprintf(what, sizeof what, "non-finite logits at token %zu (chunk %zu, position %d)", c * (size_t)chunk + (size_t)r,
+                         c + 1, r);
+                session_explain_nan(isfinite(ps[r].nll) ? &b.model : &s.model, what);
+                goto q3_error;
             }
             t.sum_nll += ps[r].nll;
             if (have_b) {

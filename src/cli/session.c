@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "io/tensor_check.h"
 #include "model/shard.h"
 #include "parallel/comm.h"
 #include "util/error.h"
@@ -116,6 +117,21 @@ int32_t session_sample(q3_session *s, q3_sampler *smp) {
     return q3_sampler_pick(smp, s->cand_recv, k * L);
 }
 
+int session_explain_nan(const q3_model *m, const char *logits_what) {
+    /* Every rank of a job maps the same files and finds the same element. */
+    size_t bytes = 0;
+    for (int f = 0; f < m->st.n_files; f++) bytes += m->st.files[f].size;
+    const q3_group *w = q3_comm_world();
+    if (bytes >= 1000000000 && (!w || q3_group_rank(w) == 0)) /* a scan that takes a while */
+        fprintf(stderr, "[q3moe] %s; looking for a NaN or infinite weight in %s (%.2f GB)\n", logits_what, m->dir, bytes / 1e9);
+    q3_bad_element e;
+    if (!q3_find_non_finite(&m->st, &e))
+        return q3_err("%s: %s, but no weight is NaN or infinite: an activation overflowed", m->dir, logits_what);
+    char where[1024];
+    q3_bad_element_describe(&e, where, sizeof where);
+    return q3_err("%s: %s: %s", m->dir, logits_what, where);
+}
+
 int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n) {
     if (!s->tok) return q3_err("%s has no usable tokenizer.json", s->model.dir);
     return q3_tok_encode(s->tok, text, strlen(text), ids, n);
@@ -189,6 +205,13 @@ int gen_run(q3_session *s, q3_sampler *smp, const int32_t *prompt, size_t n_prom
     if (o->print_ids) fputc('[', o->out);
     for (int i = 0; i < o->max_new; i++) {
         int32_t tok = session_sample(s, smp);
+        if (tok == Q3_SAMPLE_NONE) {
+            char what[96];
+            if (i == 0) snprintf(what, sizeof what, "every logit after the %zu-token prompt is NaN", n_prompt);
+            else snprintf(what, sizeof what, "every logit is NaN after %d generated tokens", i);
+            free(acc.buf);
+            return session_explain_nan(&s->model, what);
+        }
         st->last_token = tok;
         st->generated++;
         if (!o->ignore_eos && is_eos(s, tok)) {

@@ -40,6 +40,10 @@ int session_sampling_setup(q3_session *s, const q3_sampler_params *p, int verbos
 /* The next token from the last forward call's last row (every rank of the
  * job gets the same). No allocation. */
 int32_t session_sample(q3_session *s, q3_sampler *smp);
+/* The error for NaN logits (logits_what says which): scans the model's
+ * weights for the first NaN or infinity and names it, or says an
+ * activation overflowed. Always returns -1 with q3_err set. */
+int session_explain_nan(const q3_model *m, const char *logits_what);
 /* Encode text with the checkpoint's tokenizer (error when it has none). */
 int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n);
 

@@ -129,14 +129,14 @@ static void apply_repeat_penalty(q3_sampler *s, float *slice, int lo, int n) {
     for (int i = 0; i < s->hist_len; i++) s->mark[s->hist[i]] = 0;
 }
 
-/* NaN logits are never chosen; when everything is NaN the answer is 0. */
+/* NaN logits are never chosen; when everything is NaN there is no answer. */
 static int32_t argmax(const float *x, int n) {
-    int32_t best = -1;
+    int32_t best = Q3_SAMPLE_NONE;
     for (int i = 0; i < n; i++) {
         if (isnan(x[i])) continue;
         if (best < 0 || x[i] > x[best]) best = i;
     }
-    return best < 0 ? 0 : best;
+    return best;
 }
 
 /* Strict total order: higher value first, then lower id. */
@@ -297,7 +297,7 @@ static size_t keep_at_least(cand *c, size_t n, float t) {
  * sorted), min-p, top-p, then one draw. */
 static int32_t draw(q3_sampler *s, size_t n, int sorted) {
     const q3_sampler_params *p = &s->p;
-    if (n == 0) return 0;
+    if (n == 0) return Q3_SAMPLE_NONE;
     cand *c = s->c;
 
     float max = c[0].v;
@@ -388,7 +388,7 @@ int32_t q3_sampler_pick(q3_sampler *s, const q3_sample_cand *all, size_t n) {
         const cand *b = NULL;
         for (size_t i = 0; i < n; i++)
             if (all[i].id >= 0 && !isnan(all[i].v) && (!b || better(&all[i], b))) b = &all[i];
-        return b ? b->id : 0; /* all NaN: 0, as argmax */
+        return b ? b->id : Q3_SAMPLE_NONE; /* all NaN, as argmax */
     }
     /* The global top-k lies in the union of the ranks' top-k: select it
      * again with the same order, then the same draw as one rank. */

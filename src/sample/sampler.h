@@ -26,7 +26,12 @@ q3_sampler *q3_sampler_new(const q3_sampler_params *p, int vocab_size);
 void q3_sampler_free(q3_sampler *s);
 /* Record a token as seen (prompt and generated), for the repetition penalty. */
 void q3_sampler_accept(q3_sampler *s, int32_t token);
-/* Pick the next token from logits[vocab_size]. logits may be modified in place. */
+/* Returned by the samplers when every logit is NaN: nothing can be chosen
+ * (the model's weights or activations hold a NaN or an infinity). */
+#define Q3_SAMPLE_NONE (-1)
+
+/* Pick the next token from logits[vocab_size], or Q3_SAMPLE_NONE. logits
+ * may be modified in place. */
 int32_t q3_sampler_sample(q3_sampler *s, float *logits);
 
 /* Distributed sampling over a vocab-parallel lm_head: each of the ranks
@@ -51,7 +56,8 @@ int q3_sampler_cands_per_rank(const q3_sampler_params *p, int vocab, int slice_n
 /* Penalise slice[0..n) (ids lo + i) in place and write k candidates
  * (k = q3_sampler_cands_per_rank, > 0) to out, best first. No allocation. */
 void q3_sampler_local(q3_sampler *s, float *slice, int lo, int n, q3_sample_cand *out, int k);
-/* The token drawn from the gathered candidates of all ranks (any order).
+/* The token drawn from the gathered candidates of all ranks (any order),
+ * or Q3_SAMPLE_NONE.
  * Advances the RNG exactly as q3_sampler_sample does. No allocation. */
 int32_t q3_sampler_pick(q3_sampler *s, const q3_sample_cand *all, size_t n);
 

@@ -401,6 +401,33 @@ static void test_non_finite(void) {
     q3_sampler_free(s);
 }
 
+/* Every logit NaN: no token, for greedy, top-k, top-p-only (every token
+ * gathered) and the vocab-parallel pick, never a made-up id. */
+static void test_all_nan(void) {
+    enum { V = 100 };
+    float row[V], tmp[V];
+    for (int i = 0; i < V; i++) row[i] = NAN;
+    const q3_sampler_params sets[] = {params(0.0f, 20, 1.0f, 0.0f, 1), params(0.8f, 20, 0.9f, 0.0f, 2),
+                                      params(0.8f, 0, 0.9f, 0.05f, 3)};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        q3_sampler *s = q3_sampler_new(&sets[si], V);
+        memcpy(tmp, row, sizeof row);
+        CHECK_EQ_INT(q3_sampler_sample(s, tmp), Q3_SAMPLE_NONE);
+        const int k = q3_sampler_cands_per_rank(&sets[si], V, V / 2);
+        if (k > 0) {
+            q3_sample_cand all[2 * 20];
+            memcpy(tmp, row, sizeof row);
+            for (int r = 0; r < 2; r++) q3_sampler_local(s, tmp + r * (V / 2), r * (V / 2), V / 2, all + r * k, k);
+            CHECK_EQ_INT(q3_sampler_pick(s, all, (size_t)(2 * k)), Q3_SAMPLE_NONE);
+        }
+        /* one finite logit is enough */
+        memcpy(tmp, row, sizeof row);
+        tmp[37] = -3.0f;
+        CHECK_EQ_INT(q3_sampler_sample(s, tmp), 37);
+        q3_sampler_free(s);
+    }
+}
+
 /* Vocab-parallel sampling: slices' candidates, gathered and picked, give
  * the token one rank draws from the whole row, draw after draw (same seed,
  * same history), for greedy and seeded top-k/top-p/min-p/temperature with
@@ -473,6 +500,7 @@ int main(void) {
     test_repeat_penalty();
     test_bad_params();
     test_non_finite();
+    test_all_nan();
     test_distributed_matches_one_rank();
     UNIT_MAIN_END();
 }
