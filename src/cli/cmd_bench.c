@@ -303,7 +303,7 @@ int cmd_bench(int argc, char **argv) {
             else if (!strcmp(a, "--membw-mb")) bad = parse_long(a, v, 1, 1l << 20, &membw_mb);
             else if (!strcmp(a, "--ttft-p")) bad = parse_long(a, v, 1, 1l << 24, &ttft_p);
             else if (!strcmp(a, "--top-k")) {
-                long k;
+                long k = 0;
                 bad = parse_long(a, v, 0, 1l << 24, &k);
                 sp.top_k = (int)k;
             } else if (!strcmp(a, "--temp")) {

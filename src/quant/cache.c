@@ -85,7 +85,7 @@ static int identity_hash(const char *abs, const char *quant, uint64_t *out) {
             names[n++] = q3_strdup(e->d_name);
         }
     closedir(d);
-    qsort(names, n, sizeof *names, str_cmp);
+    if (n) qsort(names, n, sizeof *names, str_cmp); /* qsort(NULL, 0) is undefined */
     uint64_t h = q3m_fnv1a(Q3M_FNV_BASIS, abs, strlen(abs) + 1);
     int rc = 0, have_config = 0;
     for (size_t i = 0; i < n; i++) {
@@ -122,7 +122,7 @@ static void names_for(const char *abs, const char *quant, uint64_t key, char *pr
     base = base && base[1] ? base + 1 : abs;
     char nm[65];
     size_t k = 0;
-    for (; base[k] && k < 64; k++) {
+    for (; k < 64 && base[k]; k++) {
         char c = base[k];
         nm[k] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-' ? c : '_';
     }
