@@ -123,6 +123,7 @@ void tok_pair_map_put(tok_pair_map *m, int32_t a, int32_t b, uint32_t rank, int3
 }
 
 int tok_pair_map_get(const tok_pair_map *m, int32_t a, int32_t b, uint32_t *rank, int32_t *merged) {
+    if (a < 0 || b < 0) return 0;
     uint64_t key = pair_key(a, b);
     size_t mask = m->cap - 1, i = mix64(key) & mask;
     for (;; i = (i + 1) & mask) {

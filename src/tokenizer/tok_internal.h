@@ -65,8 +65,10 @@ typedef struct {
 
 void tok_pair_map_init(tok_pair_map *m, size_t expected);
 void tok_pair_map_free(tok_pair_map *m);
+/* Token ids a, b >= 0 (the pair (-1, -1) would be the empty-slot key). */
 void tok_pair_map_put(tok_pair_map *m, int32_t a, int32_t b, uint32_t rank, int32_t merged);
-/* Returns 1 and fills rank/merged when the pair is a merge. */
+/* Returns 1 and fills rank/merged when the pair is a merge (never for a
+ * negative id). */
 int tok_pair_map_get(const tok_pair_map *m, int32_t a, int32_t b, uint32_t *rank, int32_t *merged);
 
 uint64_t tok_hash_bytes(const void *p, size_t n);
