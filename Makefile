@@ -52,7 +52,7 @@ help:
 	@echo "make demo   make the default demo checkpoint and stream a generation"
 	@echo "make test   run the whole test suite (unit tests, ASan+UBSan, reference tests)"
 	@echo "make bench  build build/kernel_bench, the kernel micro-benchmark"
-	@echo "make gemm-ab AB_REV=REV  build/gemm_ab: the broadcast GEMM against revision REV's, in one process"
+	@echo "make gemm-ab AB_REV=REV [AB_ISA=avx2]  build/gemm_ab: the broadcast GEMM against revision REV's, in one process"
 	@echo "make fuzz   build the libFuzzer targets and their seeds (README.md, section Fuzzing)"
 	@echo "make fuzz-run FUZZ_SECONDS=N  run each target N seconds (default 60)"
 	@echo "make clean  remove build/"
@@ -102,18 +102,21 @@ build/kernel_bench: bench/kernel_bench.c $(LIB_REL) $(BENCH_OBJ)
 
 bench: build/kernel_bench
 
-# The same benchmark with its gemm-ab mode: this tree's AVX-512 broadcast
-# GEMM against revision AB_REV's (from `git archive`), each compiled on its
-# own with its symbols renamed, so that neither sits in the library.
+# The same benchmark with its gemm-ab mode: this tree's broadcast GEMM of
+# ISA AB_ISA (avx512 or avx2; run the latter with Q3MOE_ISA=avx2) against
+# revision AB_REV's (from `git archive`), each compiled on its own with its
+# symbols renamed, so that neither sits in the library.
 AB_REV ?= HEAD
-AB_CC = $(CC) $(filter-out -Isrc,$(CFLAGS_BASE)) $(OPT) -c src/kernels/gemm_bc_avx512.c
+AB_ISA ?= avx512
+AB_CC = $(CC) $(filter-out -Isrc,$(CFLAGS_BASE)) $(OPT) -c src/kernels/gemm_bc_$(AB_ISA).c
+AB_RENAME = -Dq3_$(AB_ISA)_gemm_bc=ab_$(1)gemm_bc -Dq3_$(AB_ISA)_bc_pack_act=ab_$(1)bc_pack_act
 gemm-ab: $(LIB_REL) $(BENCH_OBJ)
 	rm -rf build/ab && mkdir -p build/ab/rev
 	git archive $(AB_REV) src | tar -x -C build/ab/rev
-	cd build/ab/rev && $(AB_CC) -Isrc -Dq3_avx512_gemm_bc=ab_gemm_bc -Dq3_avx512_bc_pack_act=ab_bc_pack_act -o ../rev.o
-	$(AB_CC) -Isrc -Dq3_avx512_gemm_bc=ab_this_gemm_bc -Dq3_avx512_bc_pack_act=ab_this_bc_pack_act -o build/ab/this.o
-	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -DQ3_GEMM_AB -o build/gemm_ab bench/kernel_bench.c build/ab/rev.o build/ab/this.o \
-		$(BENCH_OBJ) $(LIB_REL) $(LDLIBS)
+	cd build/ab/rev && $(AB_CC) -Isrc $(call AB_RENAME,) -o ../rev.o
+	$(AB_CC) -Isrc $(call AB_RENAME,this_) -o build/ab/this.o
+	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -DQ3_GEMM_AB -DQ3_GEMM_AB_ISA=q3_$(AB_ISA)_gemm_bc -o build/gemm_ab \
+		bench/kernel_bench.c build/ab/rev.o build/ab/this.o $(BENCH_OBJ) $(LIB_REL) $(LDLIBS)
 
 asan: build/asan/q3moe $(UNIT_SAN) $(REPLAY_BINS)
 unit: $(UNIT_REL) $(UNIT_SAN)

@@ -14,7 +14,8 @@
  *   build/kernel_bench moe-prefill [experts hidden ffn P reps skew]
  * This build's AVX-512 broadcast GEMM against another git revision's, the
  * two alternating in one process over the expert products of a P-token
- * prefill (one thread; `make gemm-ab AB_REV=REV` builds build/gemm_ab):
+ * prefill (one thread; `make gemm-ab AB_REV=REV` builds build/gemm_ab;
+ * with AB_ISA=avx2 the AVX2 one, run with Q3MOE_ISA=avx2):
  *   build/gemm_ab gemm-ab [P skew reps]
  * Causal prefill attention of one layer, then decode steps at its end
  * (default: Qwen3-30B-A3B heads; Q3MOE_ISA=NAME runs only that ISA;
@@ -324,8 +325,9 @@ static int cmp_double(const void *a, const void *b) {
 
 #ifdef Q3_GEMM_AB
 
-/* The AVX-512 broadcast GEMM of another revision (make gemm-ab AB_REV=...)
- * and of this tree, each its own object with its symbols renamed. */
+/* The broadcast GEMM (Q3_GEMM_AB_ISA: AVX-512's or AVX2's) of another
+ * revision (make gemm-ab AB_REV=... AB_ISA=...) and of this tree, each its
+ * own object with its symbols renamed. */
 void ab_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
 void ab_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);
 void ab_this_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
@@ -344,8 +346,9 @@ static int gemm_ab_bench(int P, double skew, int reps) {
     }
     q3_kernels_init();
     const q3_isa_kernels *kt = q3_kernels_table();
-    if (kt->gemm_bc != q3_avx512_gemm_bc) {
-        fprintf(stderr, "gemm_ab: this CPU does not run the AVX-512 broadcast GEMM (kernels: %s)\n", q3_isa_name(q3_kernels_isa()));
+    if (kt->gemm_bc != Q3_GEMM_AB_ISA) {
+        fprintf(stderr, "gemm_ab: the kernels in use (%s) do not run the broadcast GEMM it was built for (%s; Q3MOE_ISA picks the kernels)\n",
+                q3_isa_name(q3_kernels_isa()), Q3_GEMM_AB_ISA == q3_avx2_gemm_bc ? "avx2" : "avx512");
         return 2;
     }
     int cnt[E] = {0};
