@@ -392,6 +392,17 @@ def test_non_finite_weight_named(tiny, work, how, value, word):
     assert f"tensor {Q_PROJ} in {d / 'model.safetensors'} holds {word} at [2, 70]" in err, err
 
 
+def test_bench_warns_of_nan_logits(tiny, work):
+    """bench's timings stand on a NaN model, but it says the output is NaN."""
+    d = corrupt(tiny, work, set_bf16(Q_PROJ, 0x7FC0, (1, 1)))
+    args = ["bench", "-m", d, "-p", "8", "-n", "2", "-r", "1", "--no-ttft", "--no-membw"]
+    rc, err, out = run_q3(args)
+    assert rc == 0 and "Sanitizer" not in err and "runtime error:" not in err, err
+    assert "every logit of the prefill is NaN" in err, err
+    rc, err, out = run_q3(["bench", "-m", tiny, *args[3:]])
+    assert rc == 0 and "NaN" not in err, err
+
+
 def test_non_finite_weight_of_base_named(tiny, work):
     d = corrupt(tiny, work, set_bf16(Q_PROJ, 0x7F80, (0, 5)))
     err = expect_error(["perplexity", "-m", tiny, "--base", d, "--ids", "1,2,3,4"], exit_code=1)

@@ -157,8 +157,11 @@ int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P
             rc = -1;
             break;
         }
-        (void)session_sample(se, smp);
+        const int32_t tok = session_sample(se, smp);
         ms[r] = now_ms() - t0;
+        if (r == 0 && tok == Q3_SAMPLE_NONE) /* the timings stand; what the model says does not */
+            bench_log("warning: every logit of the prefill is NaN (a NaN or infinite weight or an activation overflow; "
+                      "`q3moe generate` names the weight)\n");
         if (r == 0 && nh) bench_expert_load(&se->model, se->state.expert_hits, before, load);
         bench_log("prefill %d tokens, rep %d/%d: %.2f ms\n", P, r + 1, reps, ms[r]);
     }
