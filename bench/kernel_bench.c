@@ -17,8 +17,9 @@
  * prefill (one thread; `make gemm-ab AB_REV=REV` builds build/gemm_ab;
  * with AB_ISA=avx2 the AVX2 one, run with Q3MOE_ISA=avx2):
  *   build/gemm_ab gemm-ab [P skew reps]
- * Causal prefill attention of one layer, then decode steps at its end
- * (default: Qwen3-30B-A3B heads; Q3MOE_ISA=NAME runs only that ISA;
+ * Causal prefill attention of one layer, then decode steps at its end,
+ * the ISAs alternating rep by rep, best and median of the reps (default:
+ * Qwen3-30B-A3B heads; Q3MOE_ISA=NAME runs only that ISA;
  * Q3_BENCH_DECODE_ONLY=1 skips the prefill; decode visits `layers` caches
  * in turn, so that more than the last-level cache is streamed as in a model):
  *   build/kernel_bench attn [positions heads kv_heads head_dim reps layers]
@@ -272,8 +273,41 @@ static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew) 
 
 /* Causal prefill attention of one layer over P positions, fed in chunks of
  * 1024 tokens as q3_forward does, per ISA (scalar skipped: too slow). */
-static int attn_bench(int P, int H, int KVH, int D, int reps, int layers) {
+static int cmp_double(const void *a, const void *b);
+
+/* Seconds of the causal prefill of P positions, in chunks of 1024 as
+ * q3_forward feeds them, with the kernels in force. */
+static double attn_prefill_time(float *out, const float *q, int P, const q3_attn_layer *L, float *scratch) {
     enum { CHUNK = 1024 };
+    const double t0 = omp_get_wtime();
+    for (int c0 = 0; c0 < P; c0 += CHUNK) q3_attention(out, q, P - c0 < CHUNK ? P - c0 : CHUNK, c0, L, scratch);
+    return omp_get_wtime() - t0;
+}
+
+/* Seconds per layer and token of decode steps at the last 64 positions,
+ * each over every layer's K/V (from memory when they exceed the caches). */
+static double attn_decode_time(float *out, const float *q, int P, int layers, const q3_attn_layer *L, size_t per,
+                               float *scratch) {
+    const double t0 = omp_get_wtime();
+    for (int pos = P - 64; pos < P; pos++)
+        for (int l = 0; l < layers; l++) {
+            q3_attn_layer Ll = *L;
+            Ll.k += (size_t)l * per, Ll.v += (size_t)l * per;
+            q3_attention(out, q, 1, pos, &Ll, scratch);
+        }
+    return (omp_get_wtime() - t0) / 64 / layers;
+}
+
+/* Prefill and decode attention per ISA (scalar skipped: too slow), the
+ * ISAs alternating rep by rep so that a noisy host slows them alike; best
+ * and median of the reps, and each median against the first ISA's. */
+static int attn_bench(int P, int H, int KVH, int D, int reps, int layers) {
+    enum { CHUNK = 1024, MAX_REPS = 64 };
+    if (P < 65 || H < 1 || KVH < 1 || H % KVH || D < 1 || D > Q3_MAX_HEAD_DIM || reps < 1 || reps > MAX_REPS || layers < 1) {
+        fprintf(stderr, "kernel_bench attn: need positions > 64, heads a multiple of kv_heads, head_dim <= %d, 1 <= reps <= %d, "
+                        "layers >= 1\n", Q3_MAX_HEAD_DIM, MAX_REPS);
+        return 2;
+    }
     const size_t kvs = (size_t)KVH * D, qs = (size_t)H * D;
     const size_t per = (size_t)P * kvs; /* floats of one layer's K (or V) */
     float *k = malloc((size_t)layers * per * 4), *v = malloc((size_t)layers * per * 4);
@@ -284,36 +318,39 @@ static int attn_bench(int P, int H, int KVH, int D, int reps, int layers) {
     for (size_t i = 0; i < CHUNK * qs; i++) q[i] = (float)((i * 40503u) % 1000) / 500.0f - 1.0f;
     const q3_attn_layer L = {H, KVH, D, (size_t)D, (size_t)P * D, k, v}; /* the engine's layout: head by head */
     const double flops = 4.0 * D * H * ((double)P * (P + 1) / 2); /* QK^T and PV, causal */
+    const int prefill = !getenv("Q3_BENCH_DECODE_ONLY");
+    const char *only = getenv("Q3MOE_ISA"); /* one ISA when set */
+    int isas[Q3_ISA_COUNT], n = 0;
     for (int isa = Q3_ISA_SCALAR + 1; isa < Q3_ISA_COUNT; isa++) {
         q3_kernels_force((q3_isa)isa);
-        const char *only = getenv("Q3MOE_ISA"); /* one ISA when set */
-        if ((int)q3_kernels_isa() != isa || (only && strcmp(only, q3_isa_name((q3_isa)isa)))) continue;
-        double best = 1e30;
-        for (int r = 0; r < reps; r++) {
-            double t0 = omp_get_wtime();
-            for (int c0 = 0; c0 < P && !getenv("Q3_BENCH_DECODE_ONLY"); c0 += CHUNK) q3_attention(out, q, P - c0 < CHUNK ? P - c0 : CHUNK, c0, &L, scratch);
-            double t1 = omp_get_wtime();
-            if (t1 - t0 < best) best = t1 - t0;
-        }
-        if (!getenv("Q3_BENCH_DECODE_ONLY"))
-            printf("%-10s attention prefill P=%d heads %d/%d dim %d: %.1f ms per layer, %.1f GFLOP/s  (threads %d)\n",
-               q3_isa_name(q3_kernels_isa()), P, H, KVH, D, best * 1e3, flops / best / 1e9, omp_get_max_threads());
-        /* Decode: one query at each of the last 64 positions. */
-        best = 1e30;
-        for (int r = 0; r < reps; r++) {
-            double t0 = omp_get_wtime();
-            for (int pos = P - 64; pos < P; pos++)
-                for (int l = 0; l < layers; l++) {
-                    const q3_attn_layer Ll = {H, KVH, D, (size_t)D, (size_t)P * D, k + (size_t)l * per, v + (size_t)l * per};
-                    q3_attention(out, q, 1, pos, &Ll, scratch);
-                }
-            double t1 = omp_get_wtime();
-            if (t1 - t0 < best) best = t1 - t0;
-        }
-        best /= (double)layers;
-        printf("%-10s attention decode at position %d (%d layers): %.1f us per layer and token, %.1f GB/s of K/V\n",
-               q3_isa_name(q3_kernels_isa()), P - 32, layers, best / 64 * 1e6, 2.0 * (P - 32) * kvs * 4 / (best / 64) / 1e9);
+        if ((int)q3_kernels_isa() == isa && (!only || !strcmp(only, q3_isa_name((q3_isa)isa)))) isas[n++] = isa;
     }
+    static double tp[Q3_ISA_COUNT][MAX_REPS], td[Q3_ISA_COUNT][MAX_REPS];
+    for (int r = 0; r < reps; r++)
+        for (int i = 0; i < n; i++) {
+            const int j = (i + r) % n; /* each ISA takes every place in the order */
+            q3_kernels_force((q3_isa)isas[j]);
+            tp[j][r] = prefill ? attn_prefill_time(out, q, P, &L, scratch) : 0;
+            td[j][r] = attn_decode_time(out, q, P, layers, &L, per, scratch);
+        }
+    double med_p0 = 0, med_d0 = 0;
+    for (int i = 0; i < n; i++) {
+        qsort(tp[i], (size_t)reps, sizeof(double), cmp_double);
+        qsort(td[i], (size_t)reps, sizeof(double), cmp_double);
+        const double mp = tp[i][reps / 2], md = td[i][reps / 2];
+        if (i == 0) med_p0 = mp, med_d0 = md;
+        const char *name = q3_isa_name((q3_isa)isas[i]);
+        if (prefill)
+            printf("%-10s attention prefill P=%d heads %d/%d dim %d: best %.1f ms per layer (%.1f GFLOP/s), median %.1f (x%.3f "
+                   "of %s's)  (threads %d)\n",
+                   name, P, H, KVH, D, tp[i][0] * 1e3, flops / tp[i][0] / 1e9, mp * 1e3, mp / med_p0, q3_isa_name((q3_isa)isas[0]),
+                   omp_get_max_threads());
+        printf("%-10s attention decode at position %d (%d layers): best %.1f us per layer and token (%.1f GB/s of K/V), median "
+               "%.1f (x%.3f of %s's)\n",
+               name, P - 32, layers, td[i][0] * 1e6, 2.0 * (P - 32) * kvs * 4 / td[i][0] / 1e9, md * 1e6, md / med_d0,
+               q3_isa_name((q3_isa)isas[0]));
+    }
+    q3_kernels_force(Q3_ISA_COUNT - 1);
     free(k), free(v), free(q), free(out), free(scratch);
     return 0;
 }
