@@ -161,6 +161,12 @@ def test_prefill_parts(report, model):
         total_ms = sum(v["ms"] for v in parts.values())
         assert total_ms == pytest.approx(p["matmul_flops"] / p["matmul_gflops"] / 1e6, rel=1e-9)
         assert f"{P} tokens, matmuls by part (ms, GFLOP/s, % peak): attention" in stdout
+        # attention over the KV cache: the causal QK^T and PV flops of every layer, in its own time
+        att_flops = 4 * D * c["num_attention_heads"] * P * (P + 1) / 2 * L
+        assert p["attention_ms"] > 0
+        assert p["attention_gflops"] * p["attention_ms"] * 1e6 == pytest.approx(att_flops, rel=1e-9)
+        assert total_ms + p["attention_ms"] <= p["ms_max"] * (1 + 1e-9)
+        assert f"{P} tokens, attention over the KV cache (QK^T, softmax, PV):" in stdout
 
 
 def bench_ids(n, vocab, seed=0x5EED):
@@ -230,6 +236,10 @@ def test_decode(report, model):
     # mean K/V cache read over positions DEPTH .. DEPTH+STEPS-1 (fp32 cache)
     kv = sum(2 * L * (DEPTH + i + 1) * KVD * F32 for i in range(STEPS)) / STEPS
     assert d["kv_bytes_per_token"] == pytest.approx(kv, rel=1e-12)
+    # attention over that cache: its own time, apart from the matmuls'
+    assert d["attention_ms_per_token"] > 0 and 0 < d["attention_time_share"] < 1
+    assert d["attention_time_share"] + d["matmul_time_share"] <= 1 + 1e-9
+    assert "attention over the KV cache: " in report[1]
 
 
 def test_decode_parts(report, model):

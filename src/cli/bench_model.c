@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/attention.h"
 #include "util/error.h"
 
 static double now_ms(void) {
@@ -51,9 +52,13 @@ double bench_active_params(const q3_config *c) {
     return p;
 }
 
+double bench_attention_flops(const q3_config *c, int pos0, int T) {
+    const double keys = (double)T * pos0 + (double)T * (T + 1) / 2; /* row t sees pos0 + t + 1 keys */
+    return 4.0 * c->head_dim * c->num_heads * keys * c->num_layers;
+}
+
 double bench_prefill_flops(const q3_config *c, int P) {
-    const double attn = 4.0 * c->head_dim * c->num_heads * ((double)P * (P + 1) / 2) * c->num_layers;
-    return 2.0 * bench_active_params(c) * P + attn + 2.0 * c->vocab_size * (double)c->hidden_size;
+    return 2.0 * bench_active_params(c) * P + bench_attention_flops(c, 0, P) + 2.0 * c->vocab_size * (double)c->hidden_size;
 }
 
 void bench_checkpoint_size(const q3_model *m, double *params, double *bytes, const char **dtype) {
@@ -141,13 +146,14 @@ void bench_expert_load(const q3_model *m, const uint64_t *after, const uint64_t 
 }
 
 int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms,
-                      q3_matmul_stats *mm, bench_ceilings *cl, uint64_t load[BENCH_LOAD_BUCKETS]) {
+                      q3_matmul_stats *mm, double *att_s, bench_ceilings *cl, uint64_t load[BENCH_LOAD_BUCKETS]) {
     const q3_config *c = &se->model.cfg;
     const size_t nh = load && se->state.expert_hits ? (size_t)c->num_layers * c->num_experts : 0;
     uint64_t *before = nh ? q3_malloc(nh * sizeof *before) : NULL;
     if (load) memset(load, 0, BENCH_LOAD_BUCKETS * sizeof *load);
     int rc = 0;
     q3_matmul_stats_reset();
+    q3_attention_seconds_reset();
     for (int r = 0; rc == 0 && r < reps; r++) {
         sample_fma(cl);
         q3_state_reset(&se->state);
@@ -168,12 +174,13 @@ int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P
     free(before);
     if (rc) return rc;
     *mm = q3_matmul_stats_get();
+    *att_s = q3_attention_seconds();
     sample_fma(cl);
     return 0;
 }
 
 int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int depth, int n, int reps, double *ms,
-                     uint64_t *hits_delta, q3_matmul_stats *mm, bench_ceilings *cl) {
+                     uint64_t *hits_delta, q3_matmul_stats *mm, double *att_s, bench_ceilings *cl) {
     const q3_model *m = &se->model;
     q3_state *s = &se->state;
     const q3_config *c = &m->cfg;
@@ -182,11 +189,13 @@ int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int de
     if (nh) memset(hits_delta, 0, nh * sizeof *hits_delta);
     int rc = 0;
     *mm = (q3_matmul_stats){0};
+    *att_s = 0;
     for (int r = 0; rc == 0 && r < reps; r++) {
         sample_read(cl); /* before the untimed prefill, which warms the caches again */
         q3_state_reset(s);
         if (depth > 0 && q3_forward(m, s, ids, depth, NULL, 0)) rc = -1;
         q3_matmul_stats_reset();
+        q3_attention_seconds_reset();
         if (nh && s->expert_hits) memcpy(before, s->expert_hits, nh * sizeof *before);
         double sum = 0;
         for (int i = 0; rc == 0 && i < n; i++) {
@@ -198,6 +207,7 @@ int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int de
         }
         const q3_matmul_stats st = q3_matmul_stats_get();
         q3_matmul_stats_add(mm, &st);
+        *att_s += q3_attention_seconds();
         if (rc == 0 && nh && s->expert_hits)
             for (size_t k = 0; k < nh; k++) hits_delta[k] += s->expert_hits[k] - before[k];
         if (rc == 0) bench_log("decode at depth %d, rep %d/%d: %d steps, mean %.2f ms/token\n", depth, r + 1, reps, n, sum / n);

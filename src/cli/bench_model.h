@@ -26,6 +26,9 @@ double bench_active_params(const q3_config *c);
  * 2 * active params * P + per layer 4 * head_dim * heads * P(P+1)/2 for the
  * causal QK^T and AV products + 2 * vocab * hidden for the lm_head row. */
 double bench_prefill_flops(const q3_config *c, int P);
+/* FLOPs of attention over the KV cache (the causal QK^T and AV products,
+ * every layer) for T query rows at positions pos0 .. pos0 + T - 1. */
+double bench_attention_flops(const q3_config *c, int pos0, int T);
 /* Total parameters and bytes of every tensor of the checkpoint, and the
  * dtype they share ("mixed" when they differ). */
 void bench_checkpoint_size(const q3_model *m, double *params, double *bytes, const char **dtype);
@@ -53,19 +56,21 @@ void bench_expert_load(const q3_model *m, const uint64_t *after, const uint64_t 
 
 /* Times reps prefills of P tokens, each after q3_state_reset and ending
  * with the first token sampled by smp (as generate does); ms[reps]. *mm:
- * their matmul time and flops. cl: NULL, or ceilings to sample beside.
+ * their matmul time and flops; *att_s: their seconds in attention over the
+ * KV cache (q3_attention). cl: NULL, or ceilings to sample beside.
  * load: NULL, or the expert load of the first repetition (zeroed here;
  * needs state.expert_hits). */
 int bench_run_prefill(q3_session *se, q3_sampler *smp, const int32_t *ids, int P, int reps, double *ms,
-                      q3_matmul_stats *mm, bench_ceilings *cl, uint64_t load[BENCH_LOAD_BUCKETS]);
+                      q3_matmul_stats *mm, double *att_s, bench_ceilings *cl, uint64_t load[BENCH_LOAD_BUCKETS]);
 /* reps x (reset, untimed prefill of `depth` ids, n timed single-token steps,
  * each a forward pass and a sample); ms[reps * n]. The steps feed ids, not
  * the sampled tokens, so every run sees the same tokens. hits_delta
  * ([layers][experts], zeroed here) receives the experts routed to during
  * the timed steps only. state.expert_hits must be allocated for MoE models.
- * mm: the matmul time and flops of the timed steps. cl: as for prefill. */
+ * mm, att_s: the matmul time and flops and the attention seconds of the
+ * timed steps. cl: as for prefill. */
 int bench_run_decode(q3_session *se, q3_sampler *smp, const int32_t *ids, int depth, int n, int reps, double *ms,
-                     uint64_t *hits_delta, q3_matmul_stats *mm, bench_ceilings *cl);
+                     uint64_t *hits_delta, q3_matmul_stats *mm, double *att_s, bench_ceilings *cl);
 
 /* Linear-interpolated percentile (0..100) of n values (sorted in place). */
 double bench_percentile(double *v, int n, double pct);

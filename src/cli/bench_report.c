@@ -128,7 +128,8 @@ void bench_print_table(FILE *f, const bench_results *r) {
                 if (p->part_ms[q] > 0)
                     fprintf(f, " %s %.1f, %.1f, %.1f;", q3_mm_part_name((q3_mm_part)q), p->part_ms[q], p->part_gflops[q],
                             pct(p->part_gflops[q], peak_gflops(r)));
-            fprintf(f, "\n");
+            fprintf(f, "\n  %d tokens, attention over the KV cache (QK^T, softmax, PV): %.1f ms, %.1f GFLOP/s, %.1f %% peak\n",
+                    p->tokens, p->att_ms, p->att_gflops, pct(p->att_gflops, peak_gflops(r)));
         }
         for (int i = 0; i < r->n_prefill; i++) {
             const bench_prefill_result *p = &r->prefill[i];
@@ -157,6 +158,8 @@ void bench_print_table(FILE *f, const bench_results *r) {
         else
             fprintf(f, "  weight bytes/token: %.2f MB (attention, norms, MLP, lm_head, 1 embedding row)\n", d->fixed_bytes / 1e6);
         fprintf(f, "  KV cache read: %.2f MB/token on average (not included above)\n", d->kv_bytes / 1e6);
+        fprintf(f, "  attention over the KV cache: %.2f ms/token on average, %.1f %% of the step; K/V at %.2f GB/s\n", d->att_ms,
+                100.0 * d->att_share, d->att_ms > 0 ? d->kv_bytes / (d->att_ms * 1e6) : 0);
         fprintf(f, "  matmuls: %.2f ms/token on average, %.1f %% of the step; the weights at %.2f GB/s inside them\n", d->mm_ms,
                 100.0 * d->mm_share, d->mm_ms > 0 ? d->weight_bytes / (d->mm_ms * 1e6) : 0);
         fprintf(f, "  by part (ms/token, MB/token, GB/s):");
@@ -324,6 +327,8 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "matmul_gflops", p->mm_gflops);
             set_num(o, "matmul_pct_fma_peak", pct(p->mm_gflops, peak_gflops(r)));
             set_num(o, "matmul_time_share", p->mm_share);
+            set_num(o, "attention_ms", p->att_ms);
+            set_num(o, "attention_gflops", p->att_gflops);
             json_t *parts = add_object(o, "matmul_parts");
             for (int q = 0; q < Q3_MM_PARTS; q++) {
                 if (p->part_ms[q] <= 0) continue;
@@ -355,6 +360,8 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "gbs", d->gbs);
             set_num(o, "matmul_ms_per_token", d->mm_ms);
             set_num(o, "matmul_time_share", d->mm_share);
+            set_num(o, "attention_ms_per_token", d->att_ms);
+            set_num(o, "attention_time_share", d->att_share);
             json_t *parts = add_object(o, "matmul_parts");
             for (int p = 0; p < Q3_MM_PARTS; p++) {
                 if (d->part_ms[p] <= 0) continue;

@@ -23,6 +23,8 @@ typedef struct {
     double mm_share;    /* fraction of the prefill time spent in matmuls */
     double part_ms[Q3_MM_PARTS];     /* per prefill, inside each part's matmuls (mean over reps) */
     double part_gflops[Q3_MM_PARTS]; /* each part's matmul flops / its time there */
+    double att_ms;                   /* per prefill, in attention over the KV cache (mean over reps) */
+    double att_gflops;               /* its QK^T and PV flops / that time */
     int has_load;                    /* MoE, with every token's routing counted on this rank */
     uint64_t load[BENCH_LOAD_BUCKETS]; /* bench_expert_load of the first rep */
 } bench_prefill_result;
@@ -42,6 +44,8 @@ typedef struct {
     double mm_share;                /* mm_ms / mean step time */
     double part_ms[Q3_MM_PARTS];    /* of mm_ms, per model part (q3_mm_part) */
     double part_bytes[Q3_MM_PARTS]; /* weight bytes those matmuls read per step */
+    double att_ms;                  /* mean time per step in attention over the KV cache */
+    double att_share;               /* att_ms / mean step time */
 } bench_decode_result;
 
 typedef struct {

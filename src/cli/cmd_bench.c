@@ -186,8 +186,9 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         const int P = plen[i];
         if (r->comm_stats) bench_comm_begin(&r->prefill_comm[i], &s->state, "prefill", c->num_layers);
         q3_matmul_stats mm;
+        double att_s = 0;
         uint64_t load[BENCH_LOAD_BUCKETS];
-        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms, &mm, &r->beside, nh ? load : NULL);
+        rc = bench_run_prefill(s, smp, ids, P, (int)reps, ms, &mm, &att_s, &r->beside, nh ? load : NULL);
         if (r->comm_stats) bench_comm_end(&r->prefill_comm[i], &s->state, rc ? 0 : sum_ms(ms, (int)reps) / 1e3, (double)reps);
         if (rc) break;
         bench_prefill_result *p = &r->prefill[r->n_prefill++];
@@ -202,6 +203,8 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         p->mm_flops = mm.flops / (double)reps;
         p->mm_gflops = mm.seconds > 0 ? mm.flops / mm.seconds / 1e9 : 0;
         p->mm_share = mm.seconds * 1e3 / sum_ms(ms, (int)reps);
+        p->att_ms = att_s * 1e3 / (double)reps;
+        p->att_gflops = att_s > 0 ? bench_attention_flops(c, 0, P) * (double)reps / att_s / 1e9 : 0;
         for (int q = 0; q < Q3_MM_PARTS; q++) {
             p->part_ms[q] = mm.part_seconds[q] * 1e3 / (double)reps;
             p->part_gflops[q] = mm.part_seconds[q] > 0 ? mm.part_flops[q] / mm.part_seconds[q] / 1e9 : 0;
@@ -215,7 +218,8 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
         bench_decode_result *d = &r->decode;
         if (r->comm_stats) bench_comm_begin(&r->decode_comm, &s->state, "decode", c->num_layers);
         q3_matmul_stats mm;
-        rc = bench_run_decode(s, smp, ids, (int)depth, (int)n_dec, (int)reps, ms, delta, &mm, &r->beside);
+        double att_s = 0;
+        rc = bench_run_decode(s, smp, ids, (int)depth, (int)n_dec, (int)reps, ms, delta, &mm, &att_s, &r->beside);
         const int total = (int)(n_dec * reps);
         if (r->comm_stats) bench_comm_end(&r->decode_comm, &s->state, rc ? 0 : sum_ms(ms, total) / 1e3, (double)total);
         if (rc == 0) {
@@ -239,6 +243,8 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
             d->gbs = d->weight_bytes / (d->p50 * 1e6);
             d->mm_ms = mm.seconds * 1e3 / total;
             d->mm_share = mm.seconds * 1e3 / sum_ms(ms, total);
+            d->att_ms = att_s * 1e3 / total;
+            d->att_share = att_s * 1e3 / sum_ms(ms, total);
             for (int p = 0; p < Q3_MM_PARTS; p++) {
                 d->part_ms[p] = mm.part_seconds[p] * 1e3 / total;
                 d->part_bytes[p] = mm.part_bytes[p] / total;

@@ -163,8 +163,15 @@ static void decode(const q3_isa_kernels *K, float *out, const float *q, int pos,
     }
 }
 
+static _Thread_local double g_seconds;
+
+void q3_attention_seconds_reset(void) { g_seconds = 0; }
+double q3_attention_seconds(void) { return g_seconds; }
+
 void q3_attention(float *out, const float *q, int T, int pos0, const q3_attn_layer *L, float *scratch) {
     const q3_isa_kernels *K = q3_isa_current();
+    const double t0 = omp_get_wtime();
     if (T == 1) decode(K, out, q, pos0, L, scratch);
     else prefill(K, out, q, T, pos0, L, scratch);
+    g_seconds += omp_get_wtime() - t0;
 }

@@ -29,4 +29,9 @@ size_t q3_attention_scratch(int n_heads, int head_dim, int ctx);
  * rows are n_heads*head_dim floats apart). */
 void q3_attention(float *out, const float *q, int T, int pos0, const q3_attn_layer *L, float *scratch);
 
+/* Wall time of the calling thread's q3_attention calls since its last
+ * reset: the part of a step spent over the KV cache, for q3moe bench. */
+void q3_attention_seconds_reset(void);
+double q3_attention_seconds(void);
+
 #endif
