@@ -273,14 +273,19 @@ static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew) 
 
 /* Causal prefill attention of one layer over P positions, fed in chunks of
  * 1024 tokens as q3_forward does, per ISA (scalar skipped: too slow). */
-static int cmp_double(const void *a, const void *b);
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
-/* Seconds of the causal prefill of P positions, in chunks of 1024 as
+/* Query rows per attention call in prefill: q3_forward's chunk. */
+enum { ATT_CHUNK = 1024 };
+
+/* Seconds of the causal prefill of P positions, in chunks of ATT_CHUNK as
  * q3_forward feeds them, with the kernels in force. */
 static double attn_prefill_time(float *out, const float *q, int P, const q3_attn_layer *L, float *scratch) {
-    enum { CHUNK = 1024 };
     const double t0 = omp_get_wtime();
-    for (int c0 = 0; c0 < P; c0 += CHUNK) q3_attention(out, q, P - c0 < CHUNK ? P - c0 : CHUNK, c0, L, scratch);
+    for (int c0 = 0; c0 < P; c0 += ATT_CHUNK) q3_attention(out, q, P - c0 < ATT_CHUNK ? P - c0 : ATT_CHUNK, c0, L, scratch);
     return omp_get_wtime() - t0;
 }
 
@@ -302,7 +307,7 @@ static double attn_decode_time(float *out, const float *q, int P, int layers, co
  * ISAs alternating rep by rep so that a noisy host slows them alike; best
  * and median of the reps, and each median against the first ISA's. */
 static int attn_bench(int P, int H, int KVH, int D, int reps, int layers) {
-    enum { CHUNK = 1024, MAX_REPS = 64 };
+    enum { MAX_REPS = 64 };
     if (P < 65 || H < 1 || KVH < 1 || H % KVH || D < 1 || D > Q3_MAX_HEAD_DIM || reps < 1 || reps > MAX_REPS || layers < 1) {
         fprintf(stderr, "kernel_bench attn: need positions > 64, heads a multiple of kv_heads, head_dim <= %d, 1 <= reps <= %d, "
                         "layers >= 1\n", Q3_MAX_HEAD_DIM, MAX_REPS);
@@ -314,11 +319,11 @@ static int attn_bench(int P, int H, int KVH, int D, int reps, int layers) {
      * page) every 64-byte load of the AVX-512 kernel split across two
      * lines, which made it look 1.3-1.4x slower than it runs in the model. */
     float *k = big_alloc((size_t)layers * per * 4), *v = big_alloc((size_t)layers * per * 4);
-    float *q = malloc(CHUNK * qs * 4), *out = malloc(CHUNK * qs * 4);
+    float *q = malloc(ATT_CHUNK * qs * 4), *out = malloc(ATT_CHUNK * qs * 4);
     float *scratch = malloc(q3_attention_scratch(H, D, P) * sizeof(float));
     if (!k || !v || !q || !out || !scratch) return 1;
     for (size_t i = 0; i < (size_t)layers * per; i++) k[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f, v[i] = k[i] * 0.5f;
-    for (size_t i = 0; i < CHUNK * qs; i++) q[i] = (float)((i * 40503u) % 1000) / 500.0f - 1.0f;
+    for (size_t i = 0; i < ATT_CHUNK * qs; i++) q[i] = (float)((i * 40503u) % 1000) / 500.0f - 1.0f;
     const q3_attn_layer L = {H, KVH, D, (size_t)D, (size_t)P * D, k, v}; /* the engine's layout: head by head */
     const double flops = 4.0 * D * H * ((double)P * (P + 1) / 2); /* QK^T and PV, causal */
     const int prefill = !getenv("Q3_BENCH_DECODE_ONLY");
@@ -356,11 +361,6 @@ static int attn_bench(int P, int H, int KVH, int D, int reps, int layers) {
     q3_kernels_force(Q3_ISA_COUNT - 1);
     free(k), free(v), free(q), free(out), free(scratch);
     return 0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 #ifdef Q3_GEMM_AB

@@ -23,9 +23,10 @@ static q3_st_tensor float_tensor(q3_dtype t, size_t off) {
     return (q3_st_tensor){.name = "w", .dtype = t, .ndim = 2, .shape = {ROWS, COLS}, .data = g_buf + off, .nbytes = n * es};
 }
 
+/* Element i of a float_tensor (its data lies in g_buf, so it may be written). */
 static void put(const q3_st_tensor *t, size_t i, uint32_t v) {
     const size_t es = q3_dtype_size(t->dtype);
-    memcpy((uint8_t *)g_buf + ((const uint8_t *)t->data - g_buf) + i * es, &v, es);
+    memcpy(g_buf + ((const uint8_t *)t->data - g_buf) + i * es, &v, es);
 }
 
 static int find(q3_st_tensor *ts, int n, q3_bad_element *e) {
