@@ -5,15 +5,16 @@
  * Why: the panel GEMM (isa_avx2.c micro) transposes every weight panel
  * before use, which at 32 tokens per expert took 30 % of the expert GEMM
  * time. Here the activations are transposed instead, once per thread and
- * pass (ap[K][TP], TP = T rounded up to 8, padding zero; rows ap_stride
- * floats apart), and the weights
- * are only widened to fp32, the panel's 16 rows whole (one sequential
- * stream from memory, which measured faster than widening column blocks),
- * MX rows by gemv_mx_avx2.c's decoders in their element order, which the
- * activations then follow. The inner loop loads the token vectors of one k
- * and broadcasts each row's weight: R x V accumulators over KC-column
- * blocks. Every output element is one lane summing over k in order, so
- * results do not depend on the thread count. */
+ * pass (ap[K][TP], TP = T rounded down to 8, or up with zero padding below
+ * 8 tokens; rows ap_stride floats apart; the tokens past TP as rows after
+ * them), and the weights are only widened to fp32, the panel's 16 rows
+ * whole (one sequential stream from memory, which measured faster than
+ * widening column blocks), MX rows by gemv_mx_avx2.c's decoders in their
+ * element order, which the activations then follow. The inner loop loads
+ * the token vectors of one k and broadcasts each row's weight: R x V
+ * accumulators over KC-column blocks. Every output element is one lane
+ * summing over k in order (a remainder token's: 8 lanes, then their sum in
+ * a fixed order), so results do not depend on the thread count. */
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
@@ -34,15 +35,31 @@ enum { KC = 128, TMAX = Q3_BC_TOKENS_MAX };
  * 97-98 for T = 96 and 112. Rows 256 bytes apart (T = 57-64) give 8 lines
  * per set, as many as Zen 3's L1 has ways (not measured there; on Zen 5
  * the padding left T = 64 at 97-100). */
-static int ap_stride(int T) {
-    const int TP = (T + 7) & ~7;
-    return TP % 64 ? TP : TP + 8;
+static int ap_stride(int TP) { return TP % 64 ? TP : TP + 8; }
+
+/* Remainder tokens: past whole vectors of 8, the T % 8 tokens left are
+ * packed as rows of K floats (RPAD more apart: rows 8 KiB apart would share
+ * L1 sets) and computed as dot products, 8-lane partial sums reduced once
+ * per row (rem_tile), instead of in one more vector of 8 lanes partly
+ * padding. `build/gemm_ab gemm-ab 512 SKEW 12` (the expert products of a
+ * 512-token prefill, one thread, this against the padded kernel in one
+ * process) on the AMD EPYC (Zen 5) of BENCHMARKS.md, ratios of medians at
+ * skew 2 / 1: remainders of up to 3 tokens 0.95 / 0.93, up to 5 0.92 /
+ * 0.92, all (up to 7) 0.92 / 0.90. Fewer than 8 tokens pad one vector. */
+enum { REM_MAX = 7, RPAD = 16 };
+
+/* Tokens in lanes (TP, a multiple of 8) and as remainder rows (rem) for T tokens. */
+static void split_tokens(int T, int *TP, int *rem) {
+    *rem = T >= 8 ? T % 8 : 0;
+    *TP = (T - *rem + 7) & ~7;
 }
 
 void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     static _Thread_local float row[Q3_LANE_KMAX];
-    const int TP = (T + 7) & ~7, S = ap_stride(T);
-    for (int t = 0; t < TP; t++) {
+    int TP, rem;
+    split_tokens(T, &TP, &rem);
+    const int S = ap_stride(TP);
+    for (int t = 0; t < TP + rem; t++) {
         if (t >= T) {
             for (int k = 0; k < K; k++) ap[(size_t)k * S + t] = 0.0f;
             continue;
@@ -52,7 +69,9 @@ void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3
             q3_mx_prep_lanes(row, xr, K, wt, 2);
             xr = row;
         }
-        for (int k = 0; k < K; k++) ap[(size_t)k * S + t] = xr[k];
+        if (t >= TP) memcpy(ap + (size_t)K * S + (size_t)(t - TP) * (K + RPAD), xr, (size_t)K * sizeof *xr);
+        else
+            for (int k = 0; k < K; k++) ap[(size_t)k * S + t] = xr[k];
     }
 }
 
@@ -80,10 +99,64 @@ INLINE void rows_tiles(float *st, const float *wb, int ws, const float *ap, int 
 }
 #undef TILE
 
+/* part[r * REM_MAX + j] (+)= 8-lane partial dot products of R widened rows'
+ * columns (w, rows ws apart) with NT remainder token rows' (xr, xs apart),
+ * kc columns; 4 x 3 of them fill 12 registers, the inputs 3 and a weight
+ * row's vector the last, so each k step of 8 takes 7 loads for 12 FMAs as
+ * the 4 x 3 tile does. */
+INLINE void rem_tile(__m256 *part, const float *w, int ws, const float *xr, int xs, int kc, const int R, const int NT,
+                     int fresh) {
+    __m256 acc[4][3];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 3
+        for (int j = 0; j < 3; j++)
+            if (r < R && j < NT) acc[r][j] = fresh ? _mm256_setzero_ps() : part[r * REM_MAX + j];
+    for (int k = 0; k < kc; k += 8) {
+        __m256 x[3];
+#pragma GCC unroll 3
+        for (int j = 0; j < 3; j++)
+            if (j < NT) x[j] = _mm256_loadu_ps(xr + (size_t)j * xs + k);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            if (r < R) {
+                __m256 wv = _mm256_loadu_ps(w + (size_t)r * ws + k);
+                /* one load per row: GCC otherwise folds it into each FMA */
+                __asm__("" : "+x"(wv));
+#pragma GCC unroll 3
+                for (int j = 0; j < 3; j++)
+                    if (j < NT) acc[r][j] = _mm256_fmadd_ps(wv, x[j], acc[r][j]);
+            }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 3
+        for (int j = 0; j < 3; j++)
+            if (r < R && j < NT) part[r * REM_MAX + j] = acc[r][j];
+}
+
+/* The nr rows' remainder sums over columns k0 .. k0 + kc, NT tokens. */
+INLINE void rows_rem(__m256 *part, const float *wb, int ws, const float *xr, int xs, int kc, int nr, const int NT,
+                     int fresh) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) rem_tile(part + r * REM_MAX, wb + (size_t)r * ws, ws, xr, xs, kc, 4, NT, fresh);
+    for (; r < nr; r++) rem_tile(part + r * REM_MAX, wb + (size_t)r * ws, ws, xr, xs, kc, 1, NT, fresh);
+}
+
+static float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
-    const int TP = (T + 7) & ~7, V = TP / 8, S = ap_stride(T), K = W->cols, nr = r1 - r0;
+    int TP, rem;
+    split_tokens(T, &TP, &rem);
+    const int V = TP / 8, S = ap_stride(TP), K = W->cols, nr = r1 - r0;
     const int ws = K + 16; /* rows K floats apart would share L1 sets */
+    const float *xr = ap + (size_t)K * S; /* the remainder rows */
     float st[Q3_NR * TMAX] __attribute__((aligned(32)));
+    __m256 part[Q3_NR * REM_MAX];
     for (int r = 0; r < nr; r++) {
         if (q3_dtype_is_mxfp(W->dtype)) q3_avx2_mx_row_slots(W, r0 + r, wbuf + (size_t)r * ws);
         else q3_avx2_row_f32(W, r0 + r, 0, K, wbuf + (size_t)r * ws);
@@ -95,7 +168,17 @@ void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_ma
             rows_tiles(st, wbuf + k0, ws, ap + (size_t)k0 * S, S, kc, nr, v0, g, k0 == 0);
             v0 += g;
         }
+        /* the block's columns again for the remainder rows, while they are in L1, 3 at a time */
+        for (int j = 0; j < rem; j += 3) {
+            __m256 *pj = part + j;
+            const float *xj = xr + (size_t)j * (K + RPAD) + k0;
+            if (rem - j >= 3) rows_rem(pj, wbuf + k0, ws, xj, K + RPAD, kc, nr, 3, k0 == 0);
+            else if (rem - j == 2) rows_rem(pj, wbuf + k0, ws, xj, K + RPAD, kc, nr, 2, k0 == 0);
+            else rows_rem(pj, wbuf + k0, ws, xj, K + RPAD, kc, nr, 1, k0 == 0);
+        }
     }
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < rem; j++) st[r * TMAX + TP + j] = hsum8(part[r * REM_MAX + j]);
     for (int t = 0; t < T; t++)
         for (int r = 0; r < nr; r++) out[(size_t)t * ldo + r] = st[r * TMAX + t];
 }

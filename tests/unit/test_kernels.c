@@ -337,6 +337,14 @@ static void test_matmul(void) {
         check_matmul(Q3_F16, 120, 17, 272);
         check_matmul(Q3_F32, 57, 23, 144);
         check_matmul(Q3_BF16, 129, 20, 144);
+        /* ... its remainder tokens (T % 8 of them as rows): 2 with a short
+         * last column block, 3 and 6 (3 + 3) past one and two vectors with
+         * a partial last row group, 7 (3 + 3 + 1) with a hidden-sized
+         * reduction. */
+        check_matmul(Q3_BF16, 18, 21, 272);
+        check_matmul(Q3_F32, 27, 13, 144);
+        check_matmul(Q3_F16, 30, 19, 160);
+        check_matmul(Q3_BF16, 31, 17, 2048);
         /* Panel GEMM on packed token tiles: a short last tile, several k
          * blocks with a short last one, a short last panel; and on the rows
          * as stored (AVX2: the few-token kernel's odd last panel). */
