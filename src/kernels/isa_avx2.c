@@ -761,6 +761,10 @@ const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micr
     .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .mxi8_fake_quant = mxi8_fake_quant, .swiglu = swiglu,
     .mx_prep = q3_avx2_mx_prep, .gemv_mx = q3_avx2_gemv_mx, .gemv_mx_tokens = q3_avx2_gemv_mx_tokens, .tokens_t = 8, .bc_pack_act = q3_avx2_bc_pack_act,
     .gemm_bc = q3_avx2_gemm_bc, .bc_mx = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
+    /* longer products as passes of gemm_bc, not the panel GEMM, whose packed input of a 1024-token
+     * chunk (16 MiB for o_proj) streams from DRAM: q30b8 prefill 4096 on the Zen 5 of BENCHMARKS.md,
+     * attention projections 9271 / 10781 -> 7223 / 7111 ms; prefill 512 unchanged */
+    .lane_split = 1,
     .bc_min_t = 13, .mx_gemv_t = 8, .i8_gemv_t = 8, /* kernel_bench: the crossovers at 8192x2048 */
     .i8_prep = q3_avx2_i8_prep, .gemv_i8 = q3_avx2_gemv_i8, .i8_pack_act = q3_avx2_i8_pack_act,
     .gemm_i8 = q3_avx2_gemm_i8};
