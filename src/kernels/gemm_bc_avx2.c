@@ -54,11 +54,49 @@ static void split_tokens(int T, int *TP, int *rem) {
     *TP = (T - *rem + 7) & ~7;
 }
 
+/* 8 x 8 floats, r[i] = row i -> r[j] = column j. */
+INLINE void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    /* u[4 h + 2 j + e]: columns c and c + 4 of rows 4 h .. 4 h + 3, c = 2 j + e */
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 2; j++) {
+            u[4 * h + 2 * j] = _mm256_shuffle_ps(t[4 * h + j], t[4 * h + 2 + j], 0x44);
+            u[4 * h + 2 * j + 1] = _mm256_shuffle_ps(t[4 * h + j], t[4 * h + 2 + j], 0xEE);
+        }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+
+/* Floats ahead on each token row that the transposing pack prefetches (an
+ * expert's gathered inputs come from L3 or DRAM, 8 rows at a time). */
+enum { PACK_AHEAD = 128 };
+
 void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     static _Thread_local float row[Q3_LANE_KMAX];
     int TP, rem;
     split_tokens(T, &TP, &rem);
     const int S = ap_stride(TP);
+    if (!q3_dtype_is_mxfp(wt)) { /* the stored k order: 8 x 8 blocks transposed in registers */
+        for (int t0 = 0; t0 < TP; t0 += 8) {
+            const int n = T - t0 < 8 ? T - t0 : 8; /* rows past T are zero lanes */
+            const float *xb = x + (size_t)t0 * ldx;
+            for (int k = 0; k < K; k += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++) {
+                    if (i < n) _mm_prefetch((const char *)(xb + (size_t)i * ldx + k + PACK_AHEAD), _MM_HINT_T0);
+                    r[i] = i < n ? _mm256_loadu_ps(xb + (size_t)i * ldx + k) : _mm256_setzero_ps();
+                }
+                transpose8(r);
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(ap + (size_t)(k + i) * S + t0, r[i]);
+            }
+        }
+        for (int j = 0; j < rem; j++)
+            memcpy(ap + (size_t)K * S + (size_t)j * (K + RPAD), x + (size_t)(TP + j) * ldx, (size_t)K * sizeof *ap);
+        return;
+    }
     for (int t = 0; t < TP + rem; t++) {
         if (t >= T) {
             for (int k = 0; k < K; k++) ap[(size_t)k * S + t] = 0.0f;
