@@ -23,6 +23,7 @@
 
 #include "kernels/bcast_tile_avx2.h"
 #include "kernels/isa.h"
+#include "kernels/transpose_avx2.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -54,22 +55,6 @@ static void split_tokens(int T, int *TP, int *rem) {
     *TP = (T - *rem + 7) & ~7;
 }
 
-/* 8 x 8 floats, r[i] = row i -> r[j] = column j. */
-INLINE void transpose8(__m256 r[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    /* u[4 h + 2 j + e]: columns c and c + 4 of rows 4 h .. 4 h + 3, c = 2 j + e */
-    for (int h = 0; h < 2; h++)
-        for (int j = 0; j < 2; j++) {
-            u[4 * h + 2 * j] = _mm256_shuffle_ps(t[4 * h + j], t[4 * h + 2 + j], 0x44);
-            u[4 * h + 2 * j + 1] = _mm256_shuffle_ps(t[4 * h + j], t[4 * h + 2 + j], 0xEE);
-        }
-    for (int c = 0; c < 4; c++) {
-        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
-        r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
-    }
-}
-
 /* Floats ahead on each token row that the transposing pack prefetches (an
  * expert's gathered inputs come from L3 or DRAM, 8 rows at a time). */
 enum { PACK_AHEAD = 128 };
@@ -89,7 +74,7 @@ void q3_avx2_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3
                     if (i < n) _mm_prefetch((const char *)(xb + (size_t)i * ldx + k + PACK_AHEAD), _MM_HINT_T0);
                     r[i] = i < n ? _mm256_loadu_ps(xb + (size_t)i * ldx + k) : _mm256_setzero_ps();
                 }
-                transpose8(r);
+                q3_avx2_transpose8(r);
                 for (int i = 0; i < 8; i++) _mm256_storeu_ps(ap + (size_t)(k + i) * S + t0, r[i]);
             }
         }

@@ -10,6 +10,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/bcast_tile_avx2.h"
+#include "kernels/transpose_avx2.h"
 #include "kernels/isa.h"
 #include "kernels/prefetch.h"
 #include "quant/mx.h"
@@ -311,25 +312,6 @@ static void gemm_small(float *out, size_t ldo, const float *x, size_t ldx, int T
     }
 }
 
-/* 8x8 fp32 transpose in registers. */
-INLINE void transpose8(__m256 r[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-    }
-}
-
 /* Widen and transpose 16 full rows x kc (a multiple of 8) in 8x8 tiles. */
 INLINE void pack_t(float *Bp, const q3_mat *W, int r0, int k0, int kc, q3_dtype dt) {
     const size_t rs = W->rs ? W->rs : (size_t)W->cols;
@@ -337,7 +319,7 @@ INLINE void pack_t(float *Bp, const q3_mat *W, int r0, int k0, int kc, q3_dtype 
         for (int k = 0; k < kc; k += 8) {
             __m256 r[8];
             for (int j = 0; j < 8; j++) r[j] = load8(W->data, (size_t)(r0 + jb + j) * rs + (size_t)(k0 + k), dt);
-            transpose8(r);
+            q3_avx2_transpose8(r);
             for (int i = 0; i < 8; i++) _mm256_store_ps(Bp + (size_t)(k + i) * Q3_NR + jb, r[i]);
         }
 }
@@ -350,7 +332,7 @@ static void pack_mx(float *Bp, const q3_mat *W, int r0, int k0, int kc) {
         for (int k = 0; k < kc; k += 8) {
             __m256 r[8];
             for (int j = 0; j < 8; j++) r[j] = _mm256_load_ps(rows[j] + k);
-            transpose8(r);
+            q3_avx2_transpose8(r);
             for (int i = 0; i < 8; i++) _mm256_store_ps(Bp + (size_t)(k + i) * Q3_NR + jb, r[i]);
         }
     }
@@ -640,7 +622,7 @@ static void att_decode(const float *q, int G, const float *k, const float *v, si
     }
     for (int d0 = 0; d0 < D; d0 += 8) { /* Q^T; padding lanes 0, so their scores stay finite */
         load_rows8(r, q, (size_t)D, G, d0);
-        transpose8(r);
+        q3_avx2_transpose8(r);
         for (int i = 0; i < 8; i++) _mm256_store_ps(qt + (size_t)(d0 + i) * 8, r[i]);
     }
     /* Scores 12 keys at a time. The K rows two tiles ahead are prefetched,
@@ -673,7 +655,7 @@ static void att_decode(const float *q, int G, const float *k, const float *v, si
     float p[8 * Q3_ATT_BLOCK] __attribute__((aligned(32))); /* P[h][j] */
     for (int j0 = 0; j0 < nk; j0 += 8) {
         for (int i = 0; i < 8; i++) r[i] = _mm256_load_ps(s + 8 * (j0 + i));
-        transpose8(r);
+        q3_avx2_transpose8(r);
         for (int h = 0; h < 8; h++) _mm256_store_ps(p + h * Q3_ATT_BLOCK + j0, r[h]);
     }
     float m8[8], l8[8], c8[8];
