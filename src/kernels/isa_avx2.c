@@ -258,49 +258,67 @@ static void gemv_hw(float *out, const float *x, const q3_mat *W, int r0, int r1)
 
 void q3_avx2_hw_prefetch_kernels(q3_isa_kernels *k) { k->gemv = gemv_hw; }
 
-/* Few tokens: 2 weight rows x up to 6 tokens of accumulators, each weight
- * vector widened once per token block; every (row, token) result is an
- * 8-lane accumulation over k in order and one reduction, whatever the block.
- * The first block prefetches the rows as the GEMV does: on the Intel Xeon
- * of BENCHMARKS.md with this table (Q3MOE_ISA=avx2), q30b8 BF16 prefill 32
- * tokens 65.3 / 64.7 -> 80.4 / 79.8 tok/s, 128 tokens 91.6 / 92.2 -> 104.5
- * / 104.0. */
-INLINE void small_block(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, int TB,
-                        q3_dtype dt) {
+/* Few tokens: R (2 or 4) weight rows x up to 6 tokens of accumulators,
+ * each weight vector widened once, in a register, for all the tokens;
+ * every (row, token) result is an 8-lane accumulation over k in order and
+ * one reduction, whatever the block. The first token block prefetches the
+ * next R rows into L2 as one stream, spread over these rows' steps (as
+ * isa_avx512.c's few-token kernel, where two row streams a row apart had
+ * run at half the rate of one). */
+INLINE void small_block(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, const int TB,
+                        const int R, q3_dtype dt) {
     const int K = W->cols;
-    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, pf = Q3_PF_WEIGHTS;
-    const char *d = W->data;
-    __m256 acc[2][6];
+    const size_t rs = W->rs ? W->rs : (size_t)K, es = dt == Q3_F32 ? 4 : 2, o0 = (size_t)r * rs;
+    const char *d = W->data, *next = d + (o0 + (size_t)R * rs) * es;
+    __m256 acc[4][6];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
 #pragma GCC unroll 6
-    for (int t = 0; t < 6; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+        for (int t = 0; t < TB; t++) acc[i][t] = _mm256_setzero_ps();
     for (int k = 0; k < K; k += 8) {
-        if (t0 == 0 && (k * es) % 64 == 0)
-            _mm_prefetch(d + ((size_t)r * rs + k) * es + pf, _MM_HINT_T0), _mm_prefetch(d + ((size_t)(r + 1) * rs + k) * es + pf, _MM_HINT_T0);
-        const __m256 w0 = load8(W->data, (size_t)r * rs + k, dt), w1 = load8(W->data, (size_t)(r + 1) * rs + k, dt);
+        if (t0 == 0 && (k * R * es) % 64 == 0) _mm_prefetch(next + (size_t)k * R * es, _MM_HINT_T1);
+        __m256 w[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) w[i] = load8(d, o0 + (size_t)i * rs + k, dt);
 #pragma GCC unroll 6
-        for (int t = 0; t < 6; t++) {
-            if (t < TB) {
-                const __m256 xv = _mm256_loadu_ps(x + (size_t)(t0 + t) * ldx + k);
-                acc[0][t] = _mm256_fmadd_ps(w0, xv, acc[0][t]);
-                acc[1][t] = _mm256_fmadd_ps(w1, xv, acc[1][t]);
-            }
+        for (int t = 0; t < TB; t++) {
+            const __m256 xv = _mm256_loadu_ps(x + (size_t)(t0 + t) * ldx + k);
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) acc[i][t] = _mm256_fmadd_ps(w[i], xv, acc[i][t]);
         }
     }
 #pragma GCC unroll 6
-    for (int t = 0; t < 6; t++)
-        if (t < TB) {
-            out[(size_t)(t0 + t) * ldo + r] = hsum(acc[0][t]);
-            out[(size_t)(t0 + t) * ldo + r + 1] = hsum(acc[1][t]);
-        }
+    for (int t = 0; t < TB; t++)
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) out[(size_t)(t0 + t) * ldo + r + i] = hsum(acc[i][t]);
 }
 
+/* Rows r .. r + R - 1 against tb tokens from t0 (R == 4: tb <= 2, else <= 6). */
+INLINE void small_rows(float *out, size_t ldo, const float *x, size_t ldx, const q3_mat *W, int r, int t0, int tb, const int R,
+                       q3_dtype dt) {
+    switch (tb) {
+    case 1: small_block(out, ldo, x, ldx, W, r, t0, 1, R, dt); break;
+    case 2: small_block(out, ldo, x, ldx, W, r, t0, 2, R, dt); break;
+    case 3: if (R == 2) small_block(out, ldo, x, ldx, W, r, t0, 3, 2, dt); break;
+    case 4: if (R == 2) small_block(out, ldo, x, ldx, W, r, t0, 4, 2, dt); break;
+    case 5: if (R == 2) small_block(out, ldo, x, ldx, W, r, t0, 5, 2, dt); break;
+    default: if (R == 2) small_block(out, ldo, x, ldx, W, r, t0, 6, 2, dt); break;
+    }
+}
+
+/* 4 rows at a time for 2 tokens (8 accumulators, where 2 rows left the FMA
+ * latency exposed), else 2 rows against token blocks of at most 6, as even
+ * as that allows (7 tokens as 4 + 3, not 6 + 1). */
 INLINE void small_t(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1, q3_dtype dt) {
-    for (int r = r0; r < r1; r += 2)
-        for (int t0 = 0; t0 < T; t0 += 6) {
-            const int tb = T - t0 < 6 ? T - t0 : 6;
-            if (tb == 6) small_block(out, ldo, x, ldx, W, r, t0, 6, dt);
-            else small_block(out, ldo, x, ldx, W, r, t0, tb, dt);
+    const int nb = (T + 5) / 6, tbs = (T + nb - 1) / nb;
+    for (int r = r0, R; r < r1; r += R) {
+        R = T <= 2 && r1 - r >= 4 ? 4 : 2;
+        for (int t0 = 0; t0 < T; t0 += tbs) {
+            const int tb = T - t0 < tbs ? T - t0 : tbs;
+            if (R == 4) small_rows(out, ldo, x, ldx, W, r, t0, tb, 4, dt);
+            else small_rows(out, ldo, x, ldx, W, r, t0, tb, 2, dt);
         }
+    }
 }
 
 static void gemm_small(float *out, size_t ldo, const float *x, size_t ldx, int T, const q3_mat *W, int r0, int r1) {
@@ -747,7 +765,9 @@ const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micr
      * chunk (16 MiB for o_proj) streams from DRAM: q30b8 prefill 4096 on the Zen 5 of BENCHMARKS.md,
      * attention projections 9271 / 10781 -> 7223 / 7111 ms; prefill 512 unchanged */
     .lane_split = 1,
-    .bc_min_t = 13, .mx_gemv_t = 8, .i8_gemv_t = 8, /* kernel_bench: the crossovers at 8192x2048 */
+    /* the crossovers: kernel_bench 8192x2048 for the MX GEMVs; 768 x 2048 expert products from DRAM, one
+     * thread, for gemm_small (13-15 tokens 74-78 GFLOP/s against the broadcast GEMM's 60-76, 16 on par) */
+    .bc_min_t = 16, .mx_gemv_t = 8, .i8_gemv_t = 8,
     .i8_prep = q3_avx2_i8_prep, .gemv_i8 = q3_avx2_gemv_i8, .i8_pack_act = q3_avx2_i8_pack_act,
     .gemm_i8 = q3_avx2_gemm_i8};
 #pragma GCC pop_options

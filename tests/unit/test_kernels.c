@@ -345,6 +345,11 @@ static void test_matmul(void) {
         check_matmul(Q3_F32, 27, 13, 144);
         check_matmul(Q3_F16, 30, 19, 160);
         check_matmul(Q3_BF16, 31, 17, 2048);
+        /* AVX2 few-token kernel: 4 rows x 2 tokens with a last 2 rows (18),
+         * three even token blocks (15 as 5 + 5 + 5), an odd row count. */
+        check_matmul(Q3_F16, 2, 18, 208);
+        check_matmul(Q3_BF16, 15, 22, 96);
+        check_matmul(Q3_F32, 7, 13, 48);
         /* Panel GEMM on packed token tiles: a short last tile, several k
          * blocks with a short last one, a short last panel; and on the rows
          * as stored (AVX2: the few-token kernel's odd last panel). */
