@@ -33,7 +33,7 @@ enum { KC = 128, TMAX = Q3_BC_TOKENS_MAX };
  * 64. Rows 512 bytes apart put the 128 rows of k a tile reads into 8 of
  * L1's 64 sets, 16 lines each against 12 ways on the Zen 5 measured:
  * kernel_bench 384 2048 T, one thread, ran T = 128 at 71.5 GFLOP/s against
- * 97-98 for T = 96 and 112. Rows 256 bytes apart (T = 57-64) give 8 lines
+ * 97-98 for T = 96 and 112. Rows 256 bytes apart (TP = 64) give 8 lines
  * per set, as many as Zen 3's L1 has ways (not measured there; on Zen 5
  * the padding left T = 64 at 97-100). */
 static int ap_stride(int TP) { return TP % 64 ? TP : TP + 8; }

@@ -111,11 +111,11 @@ typedef struct {
     /* Weights-broadcast GEMM (plain dtypes, MX too where bc_mx; cs == 1,
      * K % 16 == 0, 2 .. bc_max_t tokens, K <= Q3_LANE_KMAX; NULL: not
      * available): bc_pack_act writes the T rows of x as ap[K][TP] (TP = T
-     * rounded up to 16, 8 on AVX2; padding zero; its k order may depend on
-     * the weights' dtype wt; on AVX-512 chunks of 48 tokens, each one's
-     * last few tokens as rows; on AVX2 the T % 8 tokens past whole vectors
-     * as rows, and rows of k may be TP + 8 apart: at most
-     * (Q3_BC_TOKENS_MAX + 8) * K + 16 * 16 floats in all);
+     * rounded up to 16, padding zero; its k order may depend on the
+     * weights' dtype wt; on AVX-512 chunks of 48 tokens, each one's last
+     * few tokens as rows; on AVX2 TP = T rounded down to 8 (up below 8
+     * tokens), the T % 8 tokens past it as rows, and rows of k may be TP + 8
+     * apart: at most (Q3_BC_TOKENS_MAX + 8) * K + 16 * 16 floats in all);
      * gemm_bc computes out[t][r], r in [r0, r1), t < T, widening each
      * weight row once (wbuf: Q3_NR * (K + 16) floats of scratch). */
     void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
