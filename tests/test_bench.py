@@ -345,7 +345,7 @@ def test_kernels_reported(report, tmp_path):
     """The table and the JSON name the kernels in use; Q3MOE_ISA=scalar forces the scalar ones."""
     r, stdout, _, _ = report
     kernels = r["machine"]["kernels"]
-    assert kernels.split("+")[0] in ("scalar", "avx2", "avx512", "avx512bf16")
+    assert kernels.split("+")[0] in ("scalar", "avx2", "avx512", "avx512bf16", "amx")
     assert f"; kernels {kernels}" in stdout
     out = tmp_path / "s.json"
     p = run([Q3MOE, "bench", "--membw", "--membw-mb", "8", "-t", "1", "--json", out],

@@ -126,6 +126,9 @@ typedef struct {
     /* Most tokens gemm_bc takes (<= Q3_BC_TOKENS_MAX; 0: Q3_LANE_TOKENS);
      * fewest it takes for plain dtypes (fewer go to gemm_small). */
     int bc_max_t, bc_min_t;
+    /* Where nonzero, gemm_bc's packed input for BF16 weights holds each
+     * input as this many bf16 parts (the AMX table: 3), not as fp32. */
+    int bc_bf16_parts;
     /* MX products of at most this many tokens run as one GEMV per token
      * (gemv_a8 or gemv_mx, where it takes the weights): decoding a row once per
      * token beats the GEMMs' lanes left empty. i8_gemv_t: the same with
@@ -210,6 +213,21 @@ void q3_avx2_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, i
 void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
+/* isa_avx512bf16.c's pieces the AMX A8 GEMM shares: the table's a8_prep;
+ * whether rows r0 .. r1 of MX weights W have block scales that folding
+ * into bf16 keeps exact; row r of W as K bf16 words, scales folded in, in
+ * a8_prep's order. */
+void q3_avx512bf16_a8_prep(void *xb, const float *x, int K, q3_dtype wt);
+int q3_a8_scales_foldable(const q3_mat *W, int r0, int r1);
+void q3_a8_decode_row(uint16_t *dst, const q3_mat *W, int r);
+/* gemm_amx.c: whether this CPU and OS run AMX-BF16 tiles (asks Linux for
+ * the tile state once); the AMX GEMMs into an AVX-512 BF16 table: BF16
+ * weights' broadcast GEMM (others keep AVX-512's) and the A8 GEMM. Their
+ * packed inputs: the A8 GEMM's K/2 * TP words as before; the broadcast
+ * GEMM's, for BF16 weights, 3 * K/2 * TP words (three bf16 parts). The
+ * AMX A8 pack's row scratch: 16 * K words. */
+int q3_amx_usable(void);
+void q3_amx_kernels(q3_isa_kernels *k);
 /* Fills in the integer GEMM and GEMV entries of an AVX-512 table with the
  * VNNI kernels (gemm_i8_avx512vnni.c, gemv_i8_avx512vnni.c; CPUs with
  * AVX512_VNNI, AVX512BW and AVX512VL only). */

@@ -276,7 +276,7 @@ static void a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, 
 
 /* Scale codes whose folded elements stay normal bf16 numbers: E2M1 values
  * have exponents 2^-1 .. 2^2, E4M3 values 2^-9 .. 2^8. */
-static int scales_foldable(const q3_mat *W, int r0, int r1) {
+int q3_a8_scales_foldable(const q3_mat *W, int r0, int r1) {
     const int fp4 = W->dtype == Q3_MXFP4, lo = fp4 ? 2 : 10, hi = fp4 ? 252 : 246;
     const size_t nb = (size_t)W->cols / 32;
     for (size_t i = (size_t)r0 * nb; i < (size_t)r1 * nb; i++)
@@ -364,7 +364,7 @@ INLINE void tile8(float *stage, int ts, const uint32_t *ap, int K, const uint16_
 
 static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
     pthread_once(&g_once, init_tables);
-    if (!scales_foldable(W, r0, r1)) return 0;
+    if (!q3_a8_scales_foldable(W, r0, r1)) return 0;
     int TB, rem;
     q3_split_tokens(T, A8_REM_MAX, &TB, &rem);
     const int K = W->cols, np = K / 2, ts = 16 * TB + rem;
@@ -385,6 +385,13 @@ static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_m
     }
     return 1;
 }
+
+void q3_a8_decode_row(uint16_t *dst, const q3_mat *W, int r) {
+    pthread_once(&g_once, init_tables);
+    decode_row(dst, W, r);
+}
+
+void q3_avx512bf16_a8_prep(void *xb, const float *x, int K, q3_dtype wt) { a8_prep(xb, x, K, wt); }
 
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k) {
     k->a8_prep = a8_prep;

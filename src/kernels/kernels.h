@@ -42,8 +42,16 @@ q3_mat q3_mat_rows(const q3_mat *W, int r0, int n);
 void q3_mat_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);
 
 /* Each level has every kernel of the one below; AVX512BF16 adds the A8
- * kernels (MXFP8 activations x MX weights on bf16 dot products). */
-typedef enum { Q3_ISA_SCALAR = 0, Q3_ISA_AVX2 = 1, Q3_ISA_AVX512 = 2, Q3_ISA_AVX512BF16 = 3, Q3_ISA_COUNT } q3_isa;
+ * kernels (MXFP8 activations x MX weights on bf16 dot products), AMX the
+ * prefill GEMMs on AMX-BF16 tiles (BF16 weights, A8 products). */
+typedef enum {
+    Q3_ISA_SCALAR = 0,
+    Q3_ISA_AVX2 = 1,
+    Q3_ISA_AVX512 = 2,
+    Q3_ISA_AVX512BF16 = 3,
+    Q3_ISA_AMX = 4,
+    Q3_ISA_COUNT
+} q3_isa;
 
 /* Pick the kernels for this CPU (idempotent; called by the first matmul). */
 void q3_kernels_init(void);

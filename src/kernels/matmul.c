@@ -21,6 +21,7 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static q3_isa_kernels g_avx512;     /* the AVX-512 table, plus the VNNI integer kernels where the CPU has them */
 static int g_vnni;                  /* it has */
 static q3_isa_kernels g_avx512bf16; /* that plus the A8 kernels */
+static q3_isa_kernels g_amx;        /* that with the AMX GEMMs */
 static q3_isa_kernels g_avx2;       /* the AVX2 table */
 static int g_hw_prefetch;           /* the plain GEMVs leave their streams to the hardware prefetchers */
 static char g_desc[Q3_ISA_COUNT][32]; /* q3_kernels_desc's names, per table */
@@ -29,7 +30,7 @@ static char g_desc[Q3_ISA_COUNT][32]; /* q3_kernels_desc's names, per table */
 static unsigned long long g_pass;
 
 const char *q3_isa_name(q3_isa isa) {
-    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
     return names[isa];
 }
 
@@ -37,10 +38,11 @@ static q3_isa best_supported(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
-        return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                       __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bf16")
-                   ? Q3_ISA_AVX512BF16
-                   : Q3_ISA_AVX512;
+        return !(__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bf16"))
+                   ? Q3_ISA_AVX512
+               : q3_amx_usable() ? Q3_ISA_AMX
+                                 : Q3_ISA_AVX512BF16;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Q3_ISA_AVX2;
     return Q3_ISA_SCALAR;
 }
@@ -49,7 +51,8 @@ static void set_isa(q3_isa isa) {
     q3_isa best = best_supported();
     if (isa > best) isa = best;
     g_isa = isa;
-    g_k = isa == Q3_ISA_AVX512BF16 ? &g_avx512bf16
+    g_k = isa == Q3_ISA_AMX          ? &g_amx
+          : isa == Q3_ISA_AVX512BF16 ? &g_avx512bf16
           : isa == Q3_ISA_AVX512   ? &g_avx512
           : isa == Q3_ISA_AVX2     ? &g_avx2
                                    : &q3_kernels_scalar;
@@ -88,12 +91,15 @@ static void init_once(void) {
     if (g_vnni) q3_avx512vnni_i8_kernels(&g_avx512);
     g_avx512bf16 = g_avx512;
     q3_avx512bf16_a8_kernels(&g_avx512bf16);
+    g_amx = g_avx512bf16;
+    q3_amx_kernels(&g_amx);
     q3_isa isa = best_supported();
     const char *env = getenv("Q3MOE_ISA");
     if (env && !strcmp(env, "scalar")) isa = Q3_ISA_SCALAR;
     else if (env && !strcmp(env, "avx2")) isa = Q3_ISA_AVX2;
     else if (env && !strcmp(env, "avx512")) isa = Q3_ISA_AVX512;
     else if (env && !strcmp(env, "avx512bf16")) isa = Q3_ISA_AVX512BF16;
+    else if (env && !strcmp(env, "amx")) isa = Q3_ISA_AMX;
     set_isa(isa);
     for (int i = 0; i < Q3_ISA_COUNT; i++)
         snprintf(g_desc[i], sizeof g_desc[i], "%s%s%s", q3_isa_name((q3_isa)i), g_vnni && i >= Q3_ISA_AVX512 ? "+vnni" : "",
@@ -231,8 +237,8 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
     uint32_t *ap = q3_scratch(Q3_SCR_A8_ACT, (size_t)Q3_LANE_TOKENS * (Q3_LANE_KMAX / 2) * sizeof *ap);
-    uint16_t *row = q3_scratch(Q3_SCR_A8_ROW, (size_t)Q3_LANE_KMAX * sizeof *row);
-    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)8 * Q3_LANE_KMAX * sizeof *wbuf);
+    uint16_t *row = q3_scratch(Q3_SCR_A8_ROW, (size_t)16 * Q3_LANE_KMAX * sizeof *row); /* a row; AMX 16 */
+    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)16 * Q3_LANE_KMAX * sizeof *wbuf); /* 8 rows; AMX 16 */
     if (act_stale(&have, jb)) g_k->a8_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, row);
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
@@ -300,9 +306,17 @@ static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
     g_k->gemm_i8(jb->out + r0, jb->ldo, ap, fs, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
 
+/* Bytes of gemm_bc's packed input per token for W (fp32 lanes, or bf16 parts). */
+static size_t bc_token_bytes(const q3_mat *W) {
+    return (size_t)W->cols * (W->dtype == Q3_BF16 && g_k->bc_bf16_parts ? 2 * (size_t)g_k->bc_bf16_parts : 4);
+}
+
 static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local act_key have;
-    float *ap = q3_scratch(Q3_SCR_BC_ACT, ((size_t)(Q3_BC_TOKENS_MAX + 8) * Q3_LANE_KMAX + 16 * 16) * sizeof *ap);
+    /* fp32 lanes and rows, or bf16 parts (AMX: 3 per input) */
+    const size_t f32 = ((size_t)(Q3_BC_TOKENS_MAX + 8) * Q3_LANE_KMAX + 16 * 16) * sizeof(float),
+                 parts = (size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX * 2 * (size_t)g_k->bc_bf16_parts;
+    float *ap = q3_scratch(Q3_SCR_BC_ACT, f32 > parts ? f32 : parts);
     float *wbuf = q3_scratch(Q3_SCR_BC_W, (size_t)Q3_NR * (Q3_LANE_KMAX + 16) * sizeof *wbuf);
     if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, jb->W->dtype);
     g_k->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
@@ -547,17 +561,17 @@ static void run_stealing(const q3_mm_job *jobs, int me, int nt) {
 static void run_pass(const q3_mm_job *jobs, int n);
 
 /* Tokens per lane pass (a multiple of 16) for W: what gemm_bc takes, as
- * long as the pass's packed activations (4 K bytes per token) fit in 1
- * MiB, about half a core's L2 on the AVX-512 machine measured, and that is
+ * long as the pass's packed activations (4 K bytes per token; AMX BF16 6 K)
+ * fit in 1 MiB, about half a core's L2 on the AVX-512 machine measured, and that is
  * at least two passes of Q3_LANE_TOKENS; else Q3_LANE_TOKENS, which is
  * also all the A8 GEMM takes. kernel_bench
  * (AVX-512, T = 512), passes of 128 tokens against 48: K = 2048 247-288
  * -> 286-312 GFLOP/s, but K = 4096 259-285 -> 217-220 (2 MiB of
  * activations, out of L2), and as 64-token passes 219-253. */
 static int lane_pass_tokens(const q3_mat *W) {
-    const int K = W->cols;
     if (!g_k->bc_max_t || a8_gemm_takes(W)) return Q3_LANE_TOKENS;
-    const int fit = (int)((1u << 20) / (4u * (unsigned)K)) / 16 * 16;
+    const int fit = (int)((1u << 20) / bc_token_bytes(W)) / 16 * 16;
+    if (W->dtype == Q3_BF16 && g_k->bc_bf16_parts) return fit < 16 ? 16 : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
     return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
 }
 

@@ -17,7 +17,7 @@ static _Thread_local slots *t_slots;
 
 static void free_slots(void *v) {
     slots *s = v;
-    for (int i = 0; i < Q3_SCR_COUNT; i++) free(s->buf[i]);
+    for (int i = 0; i < Q3_SCR_COUNT; i++) q3_free_aligned(s->buf[i]);
     free(s);
 }
 
@@ -34,8 +34,8 @@ void *q3_scratch(q3_scratch_slot slot, size_t bytes) {
         }
     }
     if (bytes > t_slots->size[slot]) {
-        free(t_slots->buf[slot]);
-        t_slots->buf[slot] = q3_malloc(bytes);
+        q3_free_aligned(t_slots->buf[slot]);
+        t_slots->buf[slot] = q3_calloc_aligned(bytes, 1);
         t_slots->size[slot] = bytes;
     }
     return t_slots->buf[slot];

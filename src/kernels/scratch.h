@@ -22,9 +22,11 @@ typedef enum {
     Q3_SCR_COUNT
 } q3_scratch_slot;
 
-/* This thread's buffer for slot, of at least bytes: made on the first
- * call, and made anew (contents lost) when a call asks for more than the
- * slot holds. Never NULL: out of memory is fatal, as for q3_malloc. */
+/* This thread's buffer for slot, of at least bytes, 64-byte aligned: made
+ * on the first call, and made anew (contents lost) when a call asks for
+ * more than the slot holds. Never NULL: out of memory is fatal, as for
+ * q3_malloc. (Aligned because a 64-byte row of an AMX tile read from an
+ * unaligned buffer spans two cache lines: AMX GEMMs ran at half speed.) */
 void *q3_scratch(q3_scratch_slot slot, size_t bytes);
 
 #endif

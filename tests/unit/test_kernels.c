@@ -409,6 +409,50 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
     free(el), free(sc), free(row), free(wf), free(x), free(out);
 }
 
+/* The AMX broadcast GEMM on BF16 weights splits each fp32 input into three
+ * bf16 parts; all three must reach the sums. Rows with one nonzero weight,
+ * a power of two, make each output one product, exact in fp32: only the
+ * full split gives it bit for bit (two parts leave errors of 2^-17, which
+ * the dense checks' tolerance lets through). Partial last panel, token
+ * counts around the 16-token blocks and 4-block groups, K of one block and
+ * past the weights prefetch distance. */
+static void test_amx_bf16_exact(void) {
+    q3_kernels_force(Q3_ISA_AMX);
+    const q3_isa_kernels *k = q3_kernels_table();
+    if (q3_kernels_isa() != Q3_ISA_AMX) {
+        printf("  (no AMX on this CPU: the AMX GEMM checks skipped)\n");
+        q3_kernels_force(Q3_ISA_COUNT - 1);
+        return;
+    }
+    const int Ks[] = {32, 96, 2048}, Ts[] = {1, 5, 16, 17, 64, 65, 128};
+    const int M = 37;
+    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+        for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+            const int K = Ks[ki], T = Ts[ti];
+            uint16_t *w = calloc((size_t)M * K, sizeof *w);
+            float *x = malloc((size_t)T * K * sizeof *x), *out = malloc((size_t)T * M * sizeof *out);
+            float *ap = malloc((size_t)(T + 15) / 16 * 16 * K * 6), *wbuf = malloc((size_t)16 * K * 2); /* 3 bf16 per input, tokens in blocks of 16 */
+            int at[37];
+            float wv[37];
+            for (int r = 0; r < M; r++) {
+                at[r] = (r * 7 + 3) % K;
+                wv[r] = ldexpf(r % 2 ? -1.0f : 1.0f, r % 5 - 2);
+                w[(size_t)r * K + at[r]] = q3_f32_to_bf16(wv[r]);
+            }
+            for (int i = 0; i < T * K; i++) x[i] = frand() * (i % 13 == 0 ? 1e4f : 1.0f);
+            q3_mat W = {.data = w, .dtype = Q3_BF16, .rows = M, .cols = K};
+            k->bc_pack_act(ap, x, (size_t)K, T, K, Q3_BF16);
+            k->gemm_bc(out, (size_t)M, ap, T, &W, 0, M, wbuf);
+            int bad = 0;
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < M; r++) bad += out[(size_t)t * M + r] != wv[r] * x[(size_t)t * K + at[r]];
+            if (bad) fprintf(stderr, "test_amx_bf16_exact: K %d, T %d: %d of %d outputs inexact\n", K, T, bad, T * M);
+            CHECK_EQ_INT(bad, 0);
+            free(w), free(x), free(out), free(ap), free(wbuf);
+        }
+    q3_kernels_force(Q3_ISA_COUNT - 1);
+}
+
 /* A few tokens against MX weights in one pass (the AVX-512 kernels that
  * decode each row once for all of them: MXFP4 weights with MXINT8 and MXFP8
  * inputs, MXFP8 weights with MXFP8 inputs) give,
@@ -923,6 +967,7 @@ int main(void) {
     test_strided();
     test_i8_prep();
     test_mx_matmul();
+    test_amx_bf16_exact();
     test_i8_gemm_variants_agree();
     test_mx_tokens_match_gemv();
     test_attention();

@@ -1,0 +1,291 @@
+/* AMX tile GEMMs for prefill (Intel AMX-TILE + AMX-BF16: Sapphire Rapids
+ * and later). One TDPBF16PS multiplies a 16 x 32 bf16 tile by a 32 x 16
+ * one into 16 x 16 fp32 sums: 8192 multiply-adds, where an AVX-512 FMA
+ * does 16. On the Xeon of BENCHMARKS.md one core ran them at 1.4-1.8
+ * TFLOP/s against 234 GFLOP/s of FMAs.
+ *
+ * Operands. A = 16 weight rows x 32 k as bf16, read in place from BF16
+ * weights, or from rows decoded with their block scales folded in (MX
+ * weights under A8, the AVX-512 BF16 A8 GEMM's decoder and order).
+ * B = 32 k x 16 tokens, packed once per pass the way the instruction
+ * reads it: word pair p of token t, (x[t][2p], x[t][2p+1]), at B[p][t].
+ * C = 16 rows x 16 tokens, transposed into the output rows at the end.
+ * The sums run over all of K in the tile registers.
+ *
+ * Exactness. BF16 weights against fp32 activations: each activation is
+ * split into three bf16 parts, x = hi + mid + lo, each the rounded rest
+ * of the one before: 24 significant bits in all, so x exactly (unless a
+ * part falls below 2^-126, where the instructions flush it). Each of the
+ * three products is exact in fp32 and all are summed in fp32: the fp32
+ * product up to the order and rounding of the sums, at a third of the
+ * tile rate. Under A8 the activations are MXFP8 values, bf16 numbers
+ * already: one part.
+ *
+ * Linux gives the 8 KiB of tile registers only to a process that asks
+ * (arch_prctl, Linux 5.16 on); each thread loads the tile shapes once. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,amx-tile,amx-bf16")
+#include <cpuid.h>
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "kernels/isa.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+
+int q3_amx_usable(void) {
+    static int known = -1;
+    if (known >= 0) return known;
+    unsigned a, b, c, d;
+    known = 0;
+    /* CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE */
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1))
+        known = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return known;
+}
+
+/* Tiles 0-3: C (four token blocks); 4: A; 5-7: B. All 16 rows of 64 bytes. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+static _Thread_local int t_tiles_on;
+
+static void tiles_on(void) {
+    if (t_tiles_on) return;
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+    _tile_loadconfig(&cfg);
+    t_tiles_on = 1;
+}
+
+/* A B tile: 16 word pairs x 16 tokens. */
+enum { TILE_DW = 256 };
+/* Token blocks per group: tiles 0-3 hold their sums. */
+enum { GROUP_MAX = 4 };
+
+/* Packed inputs: bp[((tb * nkb + kb) * parts + c) * TILE_DW + p * 16 + t]
+ * for token block tb, k block kb (32 k), part c, pair p, token t; tokens
+ * past T are zero. */
+static inline size_t block_dwords(int K, int parts) { return (size_t)(K / 32) * parts * TILE_DW; }
+
+/* r[p] lane t <- r[t] lane p (16 x 16 dwords): two unpack stages within
+ * 128-bit lanes, two stages of 128-bit lane shuffles. */
+INLINE void transpose16(__m512i r[16]) {
+    __m512i a[16], b[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]), a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) { /* b[i + e], 128-bit lane L: dword e of lane L of rows i .. i+3 */
+        b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]), b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+        b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]), b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+        const __m512i v = _mm512_shuffle_i32x4(b[e], b[4 + e], 0x88), w = _mm512_shuffle_i32x4(b[e], b[4 + e], 0xDD);
+        const __m512i v2 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0x88), w2 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0xDD);
+        r[e] = _mm512_shuffle_i32x4(v, v2, 0x88), r[8 + e] = _mm512_shuffle_i32x4(v, v2, 0xDD);
+        r[4 + e] = _mm512_shuffle_i32x4(w, w2, 0x88), r[12 + e] = _mm512_shuffle_i32x4(w, w2, 0xDD);
+    }
+}
+
+/* A B tile from 16 tokens' pairs (h[t]: token t's 16 pairs), one store per pair. */
+INLINE void put_tile(uint32_t *tile, __m512i h[16]) {
+    transpose16(h);
+#pragma GCC unroll 16
+    for (int p = 0; p < 16; p++) _mm512_storeu_si512(tile + 16 * p, h[p]);
+}
+
+INLINE __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+/* fp32 rows as three bf16 parts each: token by token the parts (each the
+ * rounded rest of the one before) go to stage[c][t], then each part's 16
+ * tokens are transposed into its tile. */
+static void pack_split(uint32_t *bp, const float *x, size_t ldx, int T, int K) {
+    const int nkb = K / 32, ntb = (T + 15) / 16;
+    __m512i stage[3][16];
+    for (int tb = 0; tb < ntb; tb++)
+        for (int kb = 0; kb < nkb; kb++) {
+            for (int t = 0; t < 16; t++) {
+                const int tok = 16 * tb + t;
+                __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+                if (tok < T) lo = _mm512_loadu_ps(x + (size_t)tok * ldx + 32 * kb), hi = _mm512_loadu_ps(x + (size_t)tok * ldx + 32 * kb + 16);
+#pragma GCC unroll 3
+                for (int c = 0; c < 3; c++) {
+                    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* k order: lo's 16, then hi's */
+                    stage[c][t] = h;
+                    lo = _mm512_sub_ps(lo, widen_bf16(_mm512_castsi512_si256(h)));
+                    hi = _mm512_sub_ps(hi, widen_bf16(_mm512_extracti64x4_epi64(h, 1)));
+                }
+            }
+            uint32_t *dst = bp + ((size_t)tb * nkb + kb) * 3 * TILE_DW;
+            for (int c = 0; c < 3; c++) put_tile(dst + c * TILE_DW, stage[c]);
+        }
+}
+
+/* One k block: A (16 rows x 32 k) into tile TA, then for each part c
+ * the token blocks' B tiles (through tiles 6 and 7) into sums 0 .. n-1. */
+#define KBLOCK(TA)                                                     \
+    do {                                                               \
+        _tile_loadd(TA, A + 32 * kb, lda);                             \
+        const uint32_t *b = bp + (size_t)kb * parts * TILE_DW;         \
+        for (int c = 0; c < parts; c++, b += TILE_DW) {                \
+            _tile_loadd(6, b, 64);                                     \
+            _tile_dpbf16ps(0, TA, 6);                                  \
+            if (n > 1) {                                               \
+                _tile_loadd(7, b + bs, 64);                            \
+                _tile_dpbf16ps(1, TA, 7);                              \
+            }                                                          \
+            if (n > 2) {                                               \
+                _tile_loadd(6, b + 2 * bs, 64);                        \
+                _tile_dpbf16ps(2, TA, 6);                              \
+            }                                                          \
+            if (n > 3) {                                               \
+                _tile_loadd(7, b + 3 * bs, 64);                        \
+                _tile_dpbf16ps(3, TA, 7);                              \
+            }                                                          \
+        }                                                              \
+    } while (0)
+
+/* The 16 x 16 sums of token blocks 0 .. n-1 of bp (blocks bs dwords apart)
+ * against 16 rows of A (K bf16 each, lda bytes apart) into st[i * 256 +
+ * r * 16 + t]. A alternates between tiles 4 and 5, so the next k block's
+ * rows load while the last one's products run. */
+INLINE void tiles_group(float *st, const uint16_t *A, size_t lda, const uint32_t *bp, size_t bs, int nkb, const int parts,
+                        const int n) {
+    _tile_zero(0);
+    if (n > 1) _tile_zero(1);
+    if (n > 2) _tile_zero(2);
+    if (n > 3) _tile_zero(3);
+    int kb = 0;
+    for (; kb + 1 < nkb; kb += 2) {
+        KBLOCK(4);
+        kb++;
+        KBLOCK(5);
+        kb--;
+    }
+    if (kb < nkb) KBLOCK(4);
+    _tile_stored(0, st, 64);
+    if (n > 1) _tile_stored(1, st + 256, 64);
+    if (n > 2) _tile_stored(2, st + 512, 64);
+    if (n > 3) _tile_stored(3, st + 768, 64);
+}
+#undef KBLOCK
+
+/* out[t * ldo + r] = st[r * 16 + t] for t < nt, r < nr. */
+INLINE void store_tokens(float *out, size_t ldo, const float *st, int nt, int nr) {
+    const __m512i rows = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+    const __mmask16 m = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(out + (size_t)t * ldo, m, _mm512_i32gather_ps(rows, st + t, 4));
+}
+
+/* out[t][r - r0] for t < T of the 16 rows at A (nr of them wanted). */
+static void panel(float *out, size_t ldo, const uint16_t *A, size_t lda, int nr, const uint32_t *bp, int T, int K, int parts) {
+    float st[GROUP_MAX * 256] __attribute__((aligned(64)));
+    const int nkb = K / 32, ntb = (T + 15) / 16;
+    const size_t bs = block_dwords(K, parts);
+    for (int tb = 0; tb < ntb; tb += GROUP_MAX) {
+        const int n = ntb - tb < GROUP_MAX ? ntb - tb : GROUP_MAX;
+        const uint32_t *b = bp + (size_t)tb * bs;
+#define CASE(P, N) tiles_group(st, A, lda, b, bs, nkb, P, N)
+        if (parts == 3) {
+            if (n == 1) CASE(3, 1);
+            else if (n == 2) CASE(3, 2);
+            else if (n == 3) CASE(3, 3);
+            else CASE(3, 4);
+        } else {
+            if (n == 1) CASE(1, 1);
+            else if (n == 2) CASE(1, 2);
+            else if (n == 3) CASE(1, 3);
+            else CASE(1, 4);
+        }
+#undef CASE
+        for (int i = 0; i < n; i++) {
+            const int t0 = 16 * (tb + i), nt = T - t0 < 16 ? T - t0 : 16;
+            store_tokens(out + (size_t)t0 * ldo, ldo, st + 256 * i, nt, nr);
+        }
+    }
+}
+
+/* BF16 weights whose rows the tiles take (K in whole k blocks). */
+static inline int amx_bf16(q3_dtype wt, int K) { return wt == Q3_BF16 && K % 32 == 0; }
+
+static void amx_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
+    if (amx_bf16(wt, K)) pack_split((uint32_t *)ap, x, ldx, T, K);
+    else q3_avx512_bc_pack_act(ap, x, ldx, T, K, wt);
+}
+
+static void amx_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
+    const int K = W->cols;
+    if (!amx_bf16(W->dtype, K)) {
+        q3_avx512_gemm_bc(out, ldo, ap, T, W, r0, r1, wbuf);
+        return;
+    }
+    tiles_on();
+    const size_t rs = W->rs ? W->rs : (size_t)K;
+    const uint16_t *w = W->data;
+    for (int rg = r0; rg < r1; rg += 16) {
+        const int nr = r1 - rg < 16 ? r1 - rg : 16;
+        if (nr == 16) {
+            panel(out + (rg - r0), ldo, w + (size_t)rg * rs, rs * 2, 16, (const uint32_t *)ap, T, K, 3);
+            continue;
+        }
+        /* the last rows of the matrix: a tile's worth, zero-padded (the tiles read 16 rows) */
+        uint16_t *rows = (uint16_t *)wbuf;
+        for (int r = 0; r < 16; r++)
+            if (r < nr) memcpy(rows + (size_t)r * K, w + (size_t)(rg + r) * rs, (size_t)K * sizeof *rows);
+            else memset(rows + (size_t)r * K, 0, (size_t)K * sizeof *rows);
+        panel(out + (rg - r0), ldo, rows, (size_t)K * 2, nr, (const uint32_t *)ap, T, K, 3);
+    }
+}
+
+/* A8: each token's bf16 copy in the A8 decoders' order (the table's
+ * a8_prep), 16 tokens at a time into rows (16 K words), their pairs
+ * transposed into the tiles. */
+static void amx_a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *rows) {
+    const int nkb = K / 32, ntb = (T + 15) / 16;
+    for (int tb = 0; tb < ntb; tb++) {
+        for (int t = 0; t < 16; t++) {
+            uint16_t *row = rows + (size_t)t * K;
+            if (16 * tb + t < T) q3_avx512bf16_a8_prep(row, x + (size_t)(16 * tb + t) * ldx, K, wt);
+            else memset(row, 0, (size_t)K * sizeof *row);
+        }
+        for (int kb = 0; kb < nkb; kb++) {
+            __m512i h[16];
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) h[t] = _mm512_loadu_si512(rows + (size_t)t * K + 32 * kb);
+            put_tile(ap + ((size_t)tb * nkb + kb) * TILE_DW, h);
+        }
+    }
+}
+
+static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
+    if (!q3_a8_scales_foldable(W, r0, r1)) return 0;
+    tiles_on();
+    const int K = W->cols;
+    for (int rg = r0; rg < r1; rg += 16) {
+        const int nr = r1 - rg < 16 ? r1 - rg : 16;
+        for (int r = 0; r < 16; r++) /* rows past nr repeat the last one; their results are dropped */
+            q3_a8_decode_row(wbuf + (size_t)r * K, W, rg + (r < nr ? r : nr - 1));
+        panel(out + (rg - r0), ldo, wbuf, (size_t)K * 2, nr, ap, T, K, 1);
+    }
+    return 1;
+}
+
+void q3_amx_kernels(q3_isa_kernels *k) {
+    k->bc_pack_act = amx_bc_pack_act;
+    k->bc_bf16_parts = 3;
+    k->gemm_bc = amx_gemm_bc;
+    k->a8_pack_act = amx_a8_pack_act;
+    k->gemm_a8 = amx_gemm_a8;
+}
+#pragma GCC pop_options
