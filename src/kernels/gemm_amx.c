@@ -284,8 +284,18 @@ static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const 
 void q3_amx_kernels(q3_isa_kernels *k) {
     k->bc_pack_act = amx_bc_pack_act;
     k->bc_bf16_parts = 3;
+    /* BF16 products of 2-6 tokens too (AVX-512 sends them to gemm_small):
+     * from DRAM, 1536 x 2048, 2 threads, 19.2-19.6 -> 24.0-24.5 GB/s at 4
+     * and 6 tokens, even at 2 and 8; q30b8 prefill 128, two pairs: experts
+     * 463 / 452 -> 454 / 445 ms. */
+    k->bc_min_t = 2;
     k->gemm_bc = amx_gemm_bc;
     k->a8_pack_act = amx_a8_pack_act;
     k->gemm_a8 = amx_gemm_a8;
+    /* Tiles from 5 tokens on (kernel_bench mx 1536 2048 20 T, MXFP4 GFLOP/s,
+     * tiles against the tokens GEMV: T = 3 109 / 140, 4 144 / 150, 6 216 /
+     * ~150, 12 425 / 156). */
+    k->a8_tokens_t = 4;
+    k->a8_max_t = Q3_BC_TOKENS_MAX;
 }
 #pragma GCC pop_options

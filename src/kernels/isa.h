@@ -96,7 +96,8 @@ typedef struct {
      * 2 .. a8_tokens_t tokens before the A8 GEMM. */
     void (*gemv_a8_tokens)(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
     int a8_tokens_t;
-    /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (K <= Q3_LANE_KMAX):
+    int a8_max_t; /* <= Q3_BC_TOKENS_MAX */
+    /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (a8_max_t where set; K <= Q3_LANE_KMAX):
      * a8_pack_act writes the T input rows as bf16 pairs in gemv_a8's
      * element order, at most K/2 * TP words (TP = T rounded up to 16): a
      * lane panel for whole vectors of 16 tokens and rows for the rest

@@ -278,8 +278,15 @@ static void a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, 
  * have exponents 2^-1 .. 2^2, E4M3 values 2^-9 .. 2^8. */
 int q3_a8_scales_foldable(const q3_mat *W, int r0, int r1) {
     const int fp4 = W->dtype == Q3_MXFP4, lo = fp4 ? 2 : 10, hi = fp4 ? 252 : 246;
-    const size_t nb = (size_t)W->cols / 32;
-    for (size_t i = (size_t)r0 * nb; i < (size_t)r1 * nb; i++)
+    const size_t nb = (size_t)W->cols / 32, end = (size_t)r1 * nb;
+    size_t i = (size_t)r0 * nb;
+    /* 64 codes per compare: a scalar loop here was 6 % of W4A8 prefill on AMX */
+    const __m512i vlo = _mm512_set1_epi8((char)lo), vhi = _mm512_set1_epi8((char)hi);
+    for (; i + 64 <= end; i += 64) {
+        const __m512i c = _mm512_loadu_si512(W->scales + i);
+        if (_mm512_cmplt_epu8_mask(c, vlo) | _mm512_cmpgt_epu8_mask(c, vhi)) return 0;
+    }
+    for (; i < end; i++)
         if (W->scales[i] < lo || W->scales[i] > hi) return 0;
     return 1;
 }

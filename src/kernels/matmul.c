@@ -211,9 +211,10 @@ static int a8_gemm_takes(const q3_mat *W) {
     return g_k->gemm_a8 && a8_shape_ok(W, Q3_LANE_KMAX) && !(W->ai8 && W->dtype == Q3_MXFP4 && g_k->gemm_i8);
 }
 
-static int a8_gemm_ok(const q3_mm_job *jb) {
-    return jb->T > 1 && jb->T <= Q3_LANE_TOKENS && a8_gemm_takes(jb->W);
-}
+/* Most tokens the A8 GEMM takes. */
+static int a8_most(void) { return g_k->a8_max_t ? g_k->a8_max_t : Q3_LANE_TOKENS; }
+
+static int a8_gemm_ok(const q3_mm_job *jb) { return jb->T > 1 && jb->T <= a8_most() && a8_gemm_takes(jb->W); }
 
 /* Tokens-in-lanes GEMMs: the input rows are packed once per thread and
  * pass (inputs do not change within a pass), into the thread's scratch
@@ -236,7 +237,7 @@ static int act_stale(act_key *k, const q3_mm_job *jb) {
 static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
-    uint32_t *ap = q3_scratch(Q3_SCR_A8_ACT, (size_t)Q3_LANE_TOKENS * (Q3_LANE_KMAX / 2) * sizeof *ap);
+    uint32_t *ap = q3_scratch(Q3_SCR_A8_ACT, (size_t)a8_most() * (Q3_LANE_KMAX / 2) * sizeof *ap);
     uint16_t *row = q3_scratch(Q3_SCR_A8_ROW, (size_t)16 * Q3_LANE_KMAX * sizeof *row); /* a row; AMX 16 */
     uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)16 * Q3_LANE_KMAX * sizeof *wbuf); /* 8 rows; AMX 16 */
     if (act_stale(&have, jb)) g_k->a8_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, row);
@@ -560,16 +561,22 @@ static void run_stealing(const q3_mm_job *jobs, int me, int nt) {
 
 static void run_pass(const q3_mm_job *jobs, int n);
 
-/* Tokens per lane pass (a multiple of 16) for W: what gemm_bc takes, as
- * long as the pass's packed activations (4 K bytes per token; AMX BF16 6 K)
- * fit in 1 MiB, about half a core's L2 on the AVX-512 machine measured, and that is
- * at least two passes of Q3_LANE_TOKENS; else Q3_LANE_TOKENS, which is
- * also all the A8 GEMM takes. kernel_bench
- * (AVX-512, T = 512), passes of 128 tokens against 48: K = 2048 247-288
- * -> 286-312 GFLOP/s, but K = 4096 259-285 -> 217-220 (2 MiB of
- * activations, out of L2), and as 64-token passes 219-253. */
+/* Tokens per lane pass (a multiple of 16) for W: what the lane GEMM
+ * takes, as long as the pass's packed activations fit in 1 MiB, about half
+ * a core's L2 on the AVX-512 machine measured. The A8 GEMM's are 2 K bytes
+ * per token (bf16), gemm_bc's 4 K (fp32), or 6 K (AMX, BF16 weights: three
+ * bf16 parts). On AVX-512 without AMX the fp32 passes are at least two of
+ * Q3_LANE_TOKENS, else Q3_LANE_TOKENS. kernel_bench (AVX-512, T = 512),
+ * passes of 128 tokens against 48: K = 2048 247-288 -> 286-312 GFLOP/s,
+ * but K = 4096 259-285 -> 217-220 (2 MiB of activations, out of L2), and
+ * as 64-token passes 219-253. AMX BF16, 1536 x 2048 from DRAM, 2 threads:
+ * one pass of 80 tokens 883, 96 819, 112 553 GFLOP/s. */
 static int lane_pass_tokens(const q3_mat *W) {
-    if (!g_k->bc_max_t || a8_gemm_takes(W)) return Q3_LANE_TOKENS;
+    if (a8_gemm_takes(W)) { /* bf16 inputs, 2 K bytes per token */
+        const int fit = (int)((1u << 20) / (2u * (unsigned)W->cols)) / 16 * 16;
+        return fit < Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < a8_most() ? fit : a8_most();
+    }
+    if (!g_k->bc_max_t) return Q3_LANE_TOKENS;
     const int fit = (int)((1u << 20) / bc_token_bytes(W)) / 16 * 16;
     if (W->dtype == Q3_BF16 && g_k->bc_bf16_parts) return fit < 16 ? 16 : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
     return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;

@@ -45,7 +45,8 @@ static void test_bf16_rounding(void) {
 }
 
 /* Largest error of out = x * wf^T relative to the sum of |products| (a
- * product sum of exactly zero must come out as zero). */
+ * product sum of exactly zero must come out as zero; NaN or Inf anywhere
+ * is an infinite error). */
 static double worst_rel_err(const float *out, const float *x, const float *wf, int T, int M, int K) {
     double worst = 0;
     for (int t = 0; t < T; t++)
@@ -56,7 +57,8 @@ static double worst_rel_err(const float *out, const float *x, const float *wf, i
                 mag += fabs((double)x[t * K + k] * wf[(size_t)m * K + k]);
             }
             const double got = out[(size_t)t * M + m];
-            if (mag == 0) worst = got != 0 ? 1 : worst;
+            if (!isfinite(got)) worst = INFINITY; /* (fmax would pass a NaN by) */
+            else if (mag == 0) worst = got != 0 ? fmax(worst, 1) : worst;
             else worst = fmax(worst, fabs(got - ref) / mag);
         }
     return worst;
@@ -592,8 +594,9 @@ static void test_mx_matmul(void) {
     check_mx(Q3_MXFP4, 1, 40, 768);
     check_mx(Q3_MXFP4, 1, 260, 2048);
     check_mx(Q3_MXFP4, 1, 33, 320);
-    /* The A8 GEMM: 1, 2 and 3 vectors of tokens, paired tokens (22), row tails, several passes of 48 tokens. */
-    const int gt[] = {2, 9, 17, 22, 33, 48, 100};
+    /* The A8 GEMM: 1, 2 and 3 vectors of tokens, paired tokens (22), row tails, several passes of 48 tokens;
+     * AMX: one and two groups of 4 token blocks in one pass (71, 100), two passes (150). */
+    const int gt[] = {2, 9, 17, 22, 33, 48, 71, 100, 150};
     for (size_t i = 0; i < sizeof gt / sizeof gt[0]; i++) {
         check_mx_a8(Q3_MXFP4, gt[i], 37, 256, Q3_MXFP8, 0);
         check_mx_a8(Q3_MXFP8, gt[i], 21, 192, Q3_MXFP8, 0);
