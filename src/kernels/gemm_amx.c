@@ -58,13 +58,17 @@ typedef struct {
 
 static _Thread_local int t_tiles_on;
 
+/* A static object: GCC 12's _tile_loadconfig tells the compiler it reads
+ * 8 bytes, so stores to a stack copy could be dropped (a #GP here). */
+static const tile_config g_tile_config = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
 static void tiles_on(void) {
     if (t_tiles_on) return;
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-    _tile_loadconfig(&cfg);
+    _tile_loadconfig(&g_tile_config);
     t_tiles_on = 1;
 }
 
@@ -132,6 +136,28 @@ static void pack_split(uint32_t *bp, const float *x, size_t ldx, int T, int K) {
         }
 }
 
+/* An A8 panel's rows decoded between its k blocks, so the decoding (vector
+ * ports) runs while the tiles multiply: unit u (one per k block) is part
+ * u % kbs of step u / kbs (a step: kbs k blocks), rpu = 16 / kbs rows of
+ * it; unit kb + SIDE_LEAD is decoded before k block kb, the first
+ * SIDE_LEAD before the panel. A step's last unit then lands at least
+ * SIDE_LEAD - kbs + 1 blocks before its tiles are loaded. */
+typedef struct {
+    const q3_mat *W;
+    uint16_t *wb;
+    size_t ws; /* words between decoded rows */
+    int rg, rlast, kbs, rpu, nunits;
+} side_decode;
+
+enum { SIDE_LEAD = 8 };
+
+INLINE void side_unit(const side_decode *sd, int u) {
+    if (u >= sd->nunits) return;
+    const int part = u % sd->kbs;
+    q3_a8_decode_step(sd->wb + (size_t)part * sd->rpu * sd->ws, sd->ws, sd->W, sd->rg + part * sd->rpu, sd->rpu, sd->rlast,
+                      u / sd->kbs);
+}
+
 /* One k block: A (16 rows x 32 k) into tile TA, then for each part c
  * the token blocks' B tiles (through tiles 6 and 7) into sums 0 .. n-1. */
 #define KBLOCK(TA)                                                     \
@@ -159,21 +185,27 @@ static void pack_split(uint32_t *bp, const float *x, size_t ldx, int T, int K) {
 /* The 16 x 16 sums of token blocks 0 .. n-1 of bp (blocks bs dwords apart)
  * against 16 rows of A (K bf16 each, lda bytes apart) into st[i * 256 +
  * r * 16 + t]. A alternates between tiles 4 and 5, so the next k block's
- * rows load while the last one's products run. */
+ * rows load while the last one's products run. sd: A is being decoded
+ * (NULL: it is there). */
 INLINE void tiles_group(float *st, const uint16_t *A, size_t lda, const uint32_t *bp, size_t bs, int nkb, const int parts,
-                        const int n) {
+                        const int n, const side_decode *sd) {
     _tile_zero(0);
     if (n > 1) _tile_zero(1);
     if (n > 2) _tile_zero(2);
     if (n > 3) _tile_zero(3);
     int kb = 0;
     for (; kb + 1 < nkb; kb += 2) {
+        if (sd) side_unit(sd, kb + SIDE_LEAD);
         KBLOCK(4);
         kb++;
+        if (sd) side_unit(sd, kb + SIDE_LEAD);
         KBLOCK(5);
         kb--;
     }
-    if (kb < nkb) KBLOCK(4);
+    if (kb < nkb) {
+        if (sd) side_unit(sd, kb + SIDE_LEAD);
+        KBLOCK(4);
+    }
     _tile_stored(0, st, 64);
     if (n > 1) _tile_stored(1, st + 256, 64);
     if (n > 2) _tile_stored(2, st + 512, 64);
@@ -188,15 +220,17 @@ INLINE void store_tokens(float *out, size_t ldo, const float *st, int nt, int nr
     for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(out + (size_t)t * ldo, m, _mm512_i32gather_ps(rows, st + t, 4));
 }
 
-/* out[t][r - r0] for t < T of the 16 rows at A (nr of them wanted). */
-static void panel(float *out, size_t ldo, const uint16_t *A, size_t lda, int nr, const uint32_t *bp, int T, int K, int parts) {
+/* out[t][r - r0] for t < T of the 16 rows at A (nr of them wanted); sd:
+ * A's decoding, finished during the first group of token blocks. */
+static void panel(float *out, size_t ldo, const uint16_t *A, size_t lda, int nr, const uint32_t *bp, int T, int K, int parts,
+                  const side_decode *sd) {
     float st[GROUP_MAX * 256] __attribute__((aligned(64)));
     const int nkb = K / 32, ntb = (T + 15) / 16;
     const size_t bs = block_dwords(K, parts);
     for (int tb = 0; tb < ntb; tb += GROUP_MAX) {
         const int n = ntb - tb < GROUP_MAX ? ntb - tb : GROUP_MAX;
         const uint32_t *b = bp + (size_t)tb * bs;
-#define CASE(P, N) tiles_group(st, A, lda, b, bs, nkb, P, N)
+#define CASE(P, N) tiles_group(st, A, lda, b, bs, nkb, P, N, tb == 0 ? sd : NULL)
         if (parts == 3) {
             if (n == 1) CASE(3, 1);
             else if (n == 2) CASE(3, 2);
@@ -236,7 +270,7 @@ static void amx_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3
     for (int rg = r0; rg < r1; rg += 16) {
         const int nr = r1 - rg < 16 ? r1 - rg : 16;
         if (nr == 16) {
-            panel(out + (rg - r0), ldo, w + (size_t)rg * rs, rs * 2, 16, (const uint32_t *)ap, T, K, 3);
+            panel(out + (rg - r0), ldo, w + (size_t)rg * rs, rs * 2, 16, (const uint32_t *)ap, T, K, 3, NULL);
             continue;
         }
         /* the last rows of the matrix: a tile's worth, zero-padded (the tiles read 16 rows) */
@@ -244,7 +278,7 @@ static void amx_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3
         for (int r = 0; r < 16; r++)
             if (r < nr) memcpy(rows + (size_t)r * K, w + (size_t)(rg + r) * rs, (size_t)K * sizeof *rows);
             else memset(rows + (size_t)r * K, 0, (size_t)K * sizeof *rows);
-        panel(out + (rg - r0), ldo, rows, (size_t)K * 2, nr, (const uint32_t *)ap, T, K, 3);
+        panel(out + (rg - r0), ldo, rows, (size_t)K * 2, nr, (const uint32_t *)ap, T, K, 3, NULL);
     }
 }
 
@@ -271,12 +305,20 @@ static void amx_a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
 static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
     if (!q3_a8_scales_foldable(W, r0, r1)) return 0;
     tiles_on();
-    const int K = W->cols;
+    const int K = W->cols, nkb = K / 32, kbs = W->dtype == Q3_MXFP4 ? 4 : 2;
+    /* rows a line more than K apart: K words apart, 16 rows of a tile shared L1 sets */
+    const size_t ws = (size_t)K + 32;
     for (int rg = r0; rg < r1; rg += 16) {
         const int nr = r1 - rg < 16 ? r1 - rg : 16;
-        for (int r = 0; r < 16; r++) /* rows past nr repeat the last one; their results are dropped */
-            q3_a8_decode_row(wbuf + (size_t)r * K, W, rg + (r < nr ? r : nr - 1));
-        panel(out + (rg - r0), ldo, wbuf, (size_t)K * 2, nr, ap, T, K, 1);
+        /* rows past nr repeat the last one; their results are dropped */
+        const side_decode sd = {W, wbuf, ws, rg, rg + nr - 1, kbs, 16 / kbs, nkb};
+        if (W->dtype == Q3_MXFP4) {
+            for (int r = 0; r < 16; r++) q3_a8_decode_row(wbuf + (size_t)r * ws, W, rg + (r < nr ? r : nr - 1));
+            panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, NULL);
+            continue;
+        }
+        for (int u = 0; u < SIDE_LEAD; u++) side_unit(&sd, u);
+        panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, &sd);
     }
     return 1;
 }

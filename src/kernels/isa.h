@@ -103,7 +103,7 @@ typedef struct {
      * lane panel for whole vectors of 16 tokens and rows for the rest
      * (lane_rem.h; row: scratch of K words); gemm_a8 computes
      * out[t][r] for r in [r0, r1), t < T, from it, with the block scales
-     * folded into the bf16 weights (wbuf: scratch of 8 * K words). It
+     * folded into the bf16 weights (wbuf: scratch of 8 * K words; AMX 16 * (K + 32)). It
      * returns 0, computing nothing, when a scale of these rows is outside
      * the range that folding keeps exact; the caller then uses the fp32
      * kernels. */
@@ -221,6 +221,10 @@ void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
 void q3_avx512bf16_a8_prep(void *xb, const float *x, int K, q3_dtype wt);
 int q3_a8_scales_foldable(const q3_mat *W, int r0, int r1);
 void q3_a8_decode_row(uint16_t *dst, const q3_mat *W, int r);
+/* Step s (128 MXFP4 or 64 MXFP8 elements, as q3_a8_decode_row decodes
+ * them) of rows r .. r+n-1 of W (rows past rlast: rlast's again) into
+ * dst + i * ds, at the step's place in the row. */
+void q3_a8_decode_step(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, int rlast, int s);
 /* gemm_amx.c: whether this CPU and OS run AMX-BF16 tiles (asks Linux for
  * the tile state once); the AMX GEMMs into an AVX-512 BF16 table: BF16
  * weights' broadcast GEMM (others keep AVX-512's) and the A8 GEMM. Their

@@ -308,6 +308,29 @@ INLINE __m512i fold(__m512i w, __m512i add) {
     return _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x7fff)), w, add);
 }
 
+/* One step of an MX row decoded into scaled bf16 words in a8_prep order:
+ * 128 MXFP4 elements (64 bytes at el, 4 scale codes at sc) or 64 MXFP8
+ * ones (2 codes). */
+INLINE void fp4_step(uint16_t *dst, const uint8_t *el, const uint8_t *sc, __m512i lut) {
+    __m512i w[4];
+    fp4x128(el, lut, w);
+    const __m512i add = fold_add(sc, 4);
+    for (int v = 0; v < 4; v++) _mm512_storeu_si512(dst + 32 * v, fold(w[v], add));
+}
+
+INLINE void fp8_step(uint16_t *dst, const uint8_t *el, const uint8_t *sc, const __m512i t8[4]) {
+    __m512i w0, w1;
+    fp8x64(el, t8, &w0, &w1);
+    const __m512i add = fold_add(sc, 2);
+    _mm512_storeu_si512(dst, fold(w0, add));
+    _mm512_storeu_si512(dst + 32, fold(w1, add));
+}
+
+INLINE void fp8_tables(__m512i t8[4]) {
+    t8[0] = _mm512_loadu_si512(g_fp8_hi), t8[1] = _mm512_loadu_si512(g_fp8_hi + 64);
+    t8[2] = _mm512_loadu_si512(g_fp8_lo), t8[3] = _mm512_loadu_si512(g_fp8_lo + 64);
+}
+
 /* Row r of W as K scaled bf16 words in a8_prep order. Not inlined: in
  * gemm_a8 its decode tables stayed in 4 registers across the tile, so the
  * 3-vector tile (24 accumulators) spilled one of them to the stack every
@@ -320,24 +343,13 @@ static __attribute__((noinline)) void decode_row(uint16_t *dst, const q3_mat *W,
     if (W->dtype == Q3_MXFP4) {
         const __m512i lut = _mm512_loadu_si512(g_fp4_w);
         const uint8_t *el = (const uint8_t *)W->data + (size_t)r * (K / 2);
-        for (int b = 0; b < nb; b += 4) {
-            __m512i w[4];
-            fp4x128(el + (size_t)b * 16, lut, w);
-            const __m512i add = fold_add(sc + b, 4);
-            for (int v = 0; v < 4; v++) _mm512_storeu_si512(dst + (size_t)b * 32 + 32 * v, fold(w[v], add));
-        }
+        for (int b = 0; b < nb; b += 4) fp4_step(dst + (size_t)b * 32, el + (size_t)b * 16, sc + b, lut);
         return;
     }
-    const __m512i t8[4] = {_mm512_loadu_si512(g_fp8_hi), _mm512_loadu_si512(g_fp8_hi + 64), _mm512_loadu_si512(g_fp8_lo),
-                           _mm512_loadu_si512(g_fp8_lo + 64)};
+    __m512i t8[4];
+    fp8_tables(t8);
     const uint8_t *el = (const uint8_t *)W->data + (size_t)r * K;
-    for (int b = 0; b < nb; b += 2) {
-        __m512i w0, w1;
-        fp8x64(el + (size_t)b * 32, t8, &w0, &w1);
-        const __m512i add = fold_add(sc + b, 2);
-        _mm512_storeu_si512(dst + (size_t)b * 32, fold(w0, add));
-        _mm512_storeu_si512(dst + (size_t)b * 32 + 32, fold(w1, add));
-    }
+    for (int b = 0; b < nb; b += 2) fp8_step(dst + (size_t)b * 32, el + (size_t)b * 32, sc + b, t8);
 }
 
 /* stage[r * ts + t] for r < 8, t < 16 * TB, from 8 decoded rows wb[r * K ..]. */
@@ -396,6 +408,27 @@ static int gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_m
 void q3_a8_decode_row(uint16_t *dst, const q3_mat *W, int r) {
     pthread_once(&g_once, init_tables);
     decode_row(dst, W, r);
+}
+
+void q3_a8_decode_step(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, int rlast, int s) {
+    pthread_once(&g_once, init_tables);
+    const int K = W->cols, nb = K / 32;
+    if (W->dtype == Q3_MXFP4) {
+        const __m512i lut = _mm512_loadu_si512(g_fp4_w);
+        for (int i = 0; i < n; i++) {
+            const size_t row = (size_t)(r + i < rlast ? r + i : rlast);
+            fp4_step(dst + i * ds + (size_t)s * 128, (const uint8_t *)W->data + row * (K / 2) + (size_t)s * 64,
+                     W->scales + row * nb + 4 * s, lut);
+        }
+        return;
+    }
+    __m512i t8[4];
+    fp8_tables(t8);
+    for (int i = 0; i < n; i++) {
+        const size_t row = (size_t)(r + i < rlast ? r + i : rlast);
+        fp8_step(dst + i * ds + (size_t)s * 64, (const uint8_t *)W->data + row * K + (size_t)s * 64, W->scales + row * nb + 2 * s,
+                 t8);
+    }
 }
 
 void q3_avx512bf16_a8_prep(void *xb, const float *x, int K, q3_dtype wt) { a8_prep(xb, x, K, wt); }

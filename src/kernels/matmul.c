@@ -239,7 +239,7 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     const q3_mat *W = jb->W;
     uint32_t *ap = q3_scratch(Q3_SCR_A8_ACT, (size_t)a8_most() * (Q3_LANE_KMAX / 2) * sizeof *ap);
     uint16_t *row = q3_scratch(Q3_SCR_A8_ROW, (size_t)16 * Q3_LANE_KMAX * sizeof *row); /* a row; AMX 16 */
-    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)16 * Q3_LANE_KMAX * sizeof *wbuf); /* 8 rows; AMX 16 */
+    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)16 * (Q3_LANE_KMAX + 32) * sizeof *wbuf); /* 8 rows; AMX 16, padded */
     if (act_stale(&have, jb)) g_k->a8_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, row);
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
