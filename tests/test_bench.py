@@ -105,6 +105,12 @@ def test_report_fields(report, model):
     c, L, H, V, D, QD, KVD, E, K, sparse = geometry(model)
     assert r["machine"]["cpu"] and r["machine"]["cores"] >= 1 and r["machine"]["threads"] >= 1
     assert r["fma_peak"]["gflops"] > 0 and r["fma_peak"]["method"]
+    # the AMX tile peak, where the AMX kernels run: several times the FMA peak (16 x 16 x 32 per instruction)
+    if r["machine"]["kernels"].startswith("amx"):
+        assert r["fma_peak"]["amx_gflops"] > 2 * r["fma_peak"]["gflops"]
+        assert f"AMX peak   {r['fma_peak']['amx_gflops']:.1f} GFLOP/s" in stdout
+    else:
+        assert "amx_gflops" not in r["fma_peak"] and "AMX peak" not in stdout
     bw = r["membw"]
     assert 0 < bw["median_gbs"] <= bw["best_gbs"]
     assert 60 << 20 < bw["buffer_bytes"] <= 64 << 20 and bw["passes"] >= 1

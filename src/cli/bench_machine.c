@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/isa.h"
 #include "kernels/kernels.h"
 #include "util/error.h"
 
@@ -291,6 +292,16 @@ double bench_fma_pass(void) {
     return g_fma.flops_per_iter * (double)g_fma.iters * T / dt / 1e9;
 }
 
+/* All threads running tile products, about 40 ms: GFLOP/s. */
+static double amx_pass(void) {
+    enum { PRODUCTS = 1 << 22 };
+    double flops = 0;
+    const double t0 = now_s();
+#pragma omp parallel reduction(+ : flops)
+    flops += q3_amx_tile_flops(PRODUCTS);
+    return flops / (now_s() - t0) / 1e9;
+}
+
 void bench_measure_fma(bench_fma *out) {
     memset(out, 0, sizeof *out);
     fma_calibrate();
@@ -302,4 +313,11 @@ void bench_measure_fma(bench_fma *out) {
         if (g > best) best = g;
     }
     out->gflops = best;
+#if BENCH_X86
+    if (q3_kernels_isa() == Q3_ISA_AMX)
+        for (int run = 0; run < 3; run++) {
+            const double g = amx_pass();
+            if (g > out->amx_gflops) out->amx_gflops = g;
+        }
+#endif
 }

@@ -25,6 +25,7 @@ typedef struct {
     double gflops;      /* best of the runs, all threads */
     int chains;         /* independent FMA chains per thread */
     const char *method; /* "avx2+fma 256-bit" or "scalar mul+add" */
+    double amx_gflops;  /* AMX bf16 tile peak, all threads (0: the kernels are not AMX's) */
 } bench_fma;
 
 /* A ceiling sampled beside the timed runs (between their repetitions), so
@@ -53,6 +54,7 @@ void bench_machine_info(bench_machine *m);
  * every thread. Returns 0, or -1 with q3_err set when the buffer cannot be
  * allocated. */
 int bench_measure_membw(size_t bytes, int passes, bench_membw *out);
+/* The FMA peak; with the AMX kernels in force, also their tile peak. */
 void bench_measure_fma(bench_fma *out);
 /* One all-threads read pass over [p, p + bytes) (32-byte aligned, e.g. a
  * mapped model file, which it leaves unchanged): GB/s. */

@@ -92,6 +92,11 @@ void bench_print_table(FILE *f, const bench_results *r) {
     }
     fprintf(f, "FMA peak   %.1f GFLOP/s (%s, %d independent chains per thread, all threads)\n", r->fma.gflops,
             r->fma.method, r->fma.chains);
+    if (r->fma.amx_gflops > 0)
+        fprintf(f,
+                "AMX peak   %.1f GFLOP/s (bf16 tile products, all threads); an fp32 product on BF16 weights takes\n"
+                "           three of them (%.1f), an A8 product one; %% peak below is of the FMA peak\n",
+                r->fma.amx_gflops, r->fma.amx_gflops / 3);
     if (r->membw.ran)
         fprintf(f, "mem read   best %.2f GB/s, median %.2f GB/s (%zu MiB buffer, %d passes, %s sum, all threads)\n",
                 r->membw.best_gbs, r->membw.median_gbs, r->membw.bytes >> 20, r->membw.passes, r->membw.method);
@@ -277,6 +282,7 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
     set_num(o, "gflops", r->fma.gflops);
     set_str(o, "method", r->fma.method);
     set_int(o, "chains_per_thread", r->fma.chains);
+    if (r->fma.amx_gflops > 0) set_num(o, "amx_gflops", r->fma.amx_gflops);
     set_num(o, "ceiling_gflops", peak_gflops(r));
     set_beside(o, &r->beside.flops, "gflops", "runs", 0);
     if (r->membw.ran) {

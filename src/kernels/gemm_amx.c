@@ -27,6 +27,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,amx-tile,amx-bf16")
 #include <cpuid.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -71,6 +72,10 @@ static void tiles_on(void) {
     _tile_loadconfig(&g_tile_config);
     t_tiles_on = 1;
 }
+
+/* q3_amx_tile_flops's operands (bf16 ones and halves) and per-thread results. */
+static const uint16_t g_bench_operand[16 * 32] = {[0 ... 16 * 32 - 1] = 0x3f00};
+static float g_bench_sink[64][256];
 
 /* A B tile: 16 word pairs x 16 tokens. */
 enum { TILE_DW = 256 };
@@ -332,6 +337,26 @@ static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const 
         panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, &sd, NULL);
     }
     return 1;
+}
+
+double q3_amx_tile_flops(long n) {
+    tiles_on();
+    _tile_zero(0); /* (tile numbers are immediates: no loop) */
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, g_bench_operand, 64);
+    _tile_loadd(5, g_bench_operand, 64);
+    _tile_loadd(6, g_bench_operand, 64);
+    _tile_loadd(7, g_bench_operand, 64);
+    for (long i = 0; i < n; i += 4) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, g_bench_sink[omp_get_thread_num() % 64], 64);
+    return (double)((n + 3) / 4 * 4) * 16 * 16 * 32 * 2;
 }
 
 void q3_amx_kernels(q3_isa_kernels *k) {

@@ -233,6 +233,10 @@ void q3_a8_decode_step(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, 
  * AMX A8 pack's row scratch: 16 * K words. */
 int q3_amx_usable(void);
 void q3_amx_kernels(q3_isa_kernels *k);
+/* n tile products (TDPBF16PS, operands in the tile registers: no memory
+ * traffic) on the calling thread, for bench's AMX peak; returns their
+ * flops (16 * 16 * 32 multiply-adds each). */
+double q3_amx_tile_flops(long n);
 /* Fills in the integer GEMM and GEMV entries of an AVX-512 table with the
  * VNNI kernels (gemm_i8_avx512vnni.c, gemv_i8_avx512vnni.c; CPUs with
  * AVX512_VNNI, AVX512BW and AVX512VL only). */

@@ -3,8 +3,9 @@
  * dtype and widened to fp32 inside the kernels.
  *
  * Every kernel has a scalar reference and SIMD variants (AVX2+FMA,
- * AVX-512), chosen at run time from the CPU's features (Q3MOE_ISA=scalar|
- * avx2|avx512 forces one, for tests and comparisons). Work is split across
+ * AVX-512, AMX tiles), chosen at run time from the CPU's features
+ * (Q3MOE_ISA=scalar|avx2|avx512|avx512bf16|amx forces one, for tests and
+ * comparisons). Work is split across
  * the OpenMP threads by output rows and fixed-size blocks, so results are
  * bit-identical whatever the thread count. */
 #ifndef Q3_KERNELS_H
