@@ -165,11 +165,12 @@ INLINE void side_unit(const side_decode *sd, int u) {
 
 /* One k block: A (16 rows x 32 k) into tile TA, then for each part c
  * the token blocks' B tiles (through tiles 6 and 7) into sums 0 .. n-1;
- * with pf, a k block's share of the next panel is fetched into L2 first. */
+ * with pf, a k block's share of the next panel (pfl lines) is fetched into
+ * L2 first. */
 #define KBLOCK(TA)                                                     \
     do {                                                               \
         if (pf)                                                        \
-            for (int l = 0; l < 16; l++) _mm_prefetch(pf + ((size_t)kb * 16 + l) * 64, _MM_HINT_T1); \
+            for (int l = 0; l < pfl; l++) _mm_prefetch(pf + ((size_t)kb * pfl + l) * 64, _MM_HINT_T1); \
         _tile_loadd(TA, A + 32 * kb, lda);                             \
         const uint32_t *b = bp + (size_t)kb * parts * TILE_DW;         \
         for (int c = 0; c < parts; c++, b += TILE_DW) {                \
@@ -194,9 +195,9 @@ INLINE void side_unit(const side_decode *sd, int u) {
  * against 16 rows of A (K bf16 each, lda bytes apart) into st[i * 256 +
  * r * 16 + t]. A alternates between tiles 4 and 5, so the next k block's
  * rows load while the last one's products run. sd: A is being decoded
- * (NULL: it is there); pf: the next panel's 16 * K words (NULL: none). */
+ * (NULL: it is there); pf: the next panel, nkb * pfl lines (NULL: none). */
 INLINE void tiles_group(float *st, const uint16_t *A, size_t lda, const uint32_t *bp, size_t bs, int nkb, const int parts,
-                        const int n, const side_decode *sd, const char *pf) {
+                        const int n, const side_decode *sd, const char *pf, int pfl) {
     _tile_zero(0);
     if (n > 1) _tile_zero(1);
     if (n > 2) _tile_zero(2);
@@ -230,16 +231,16 @@ INLINE void store_tokens(float *out, size_t ldo, const float *st, int nt, int nr
 
 /* out[t][r - r0] for t < T of the 16 rows at A (nr of them wanted); sd:
  * A's decoding, finished during the first group of token blocks, as is
- * the prefetch of the next panel pf. */
+ * the prefetch of the next panel pf (pfl lines per k block). */
 static void panel(float *out, size_t ldo, const uint16_t *A, size_t lda, int nr, const uint32_t *bp, int T, int K, int parts,
-                  const side_decode *sd, const char *pf) {
+                  const side_decode *sd, const char *pf, int pfl) {
     float st[GROUP_MAX * 256] __attribute__((aligned(64)));
     const int nkb = K / 32, ntb = (T + 15) / 16;
     const size_t bs = block_dwords(K, parts);
     for (int tb = 0; tb < ntb; tb += GROUP_MAX) {
         const int n = ntb - tb < GROUP_MAX ? ntb - tb : GROUP_MAX;
         const uint32_t *b = bp + (size_t)tb * bs;
-#define CASE(P, N) tiles_group(st, A, lda, b, bs, nkb, P, N, tb == 0 ? sd : NULL, tb == 0 ? pf : NULL)
+#define CASE(P, N) tiles_group(st, A, lda, b, bs, nkb, P, N, tb == 0 ? sd : NULL, tb == 0 ? pf : NULL, pfl)
         if (parts == 3) {
             if (n == 1) CASE(3, 1);
             else if (n == 2) CASE(3, 2);
@@ -279,14 +280,17 @@ static void amx_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3
     /* Rows of 4 KiB or more (K >= 2048) are streams the hardware prefetcher
      * follows; shorter rows, adjacent, are fetched a panel ahead. From DRAM,
      * 2 threads, GFLOP/s with and without: 2048 x 768, T = 32 418 / 364,
-     * T = 64 523 / 409; but 1536 x 2048, T = 32 445 / 637, T = 64 617 / 814. */
+     * T = 64 523 / 409; but 1536 x 2048, T = 32 445 / 637, T = 64 617 / 814,
+     * and q30b8 prefill 512 with every panel fetched ahead, two pairs:
+     * 403.5 / 402.4 -> 364.9 / 354.1 tok/s (a 64 KiB panel in L2 beside the
+     * 0.75-1.5 MiB of packed inputs; the A8 GEMM's MXFP4 panels are 16 KiB). */
     const int pf_next = rs == (size_t)K && K * 2 < 4096;
     for (int rg = r0; rg < r1; rg += 16) {
         const int nr = r1 - rg < 16 ? r1 - rg : 16;
         if (nr == 16) {
             const uint16_t *A = w + (size_t)rg * rs;
             panel(out + (rg - r0), ldo, A, rs * 2, 16, (const uint32_t *)ap, T, K, 3, NULL,
-                  pf_next ? (const char *)(A + 16 * rs) : NULL);
+                  pf_next ? (const char *)(A + 16 * rs) : NULL, 16);
             continue;
         }
         /* the last rows of the matrix: a tile's worth, zero-padded (the tiles read 16 rows) */
@@ -294,7 +298,7 @@ static void amx_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3
         for (int r = 0; r < 16; r++)
             if (r < nr) memcpy(rows + (size_t)r * K, w + (size_t)(rg + r) * rs, (size_t)K * sizeof *rows);
             else memset(rows + (size_t)r * K, 0, (size_t)K * sizeof *rows);
-        panel(out + (rg - r0), ldo, rows, (size_t)K * 2, nr, (const uint32_t *)ap, T, K, 3, NULL, NULL);
+        panel(out + (rg - r0), ldo, rows, (size_t)K * 2, nr, (const uint32_t *)ap, T, K, 3, NULL, NULL, 0);
     }
 }
 
@@ -321,20 +325,30 @@ static void amx_a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
 static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
     if (!q3_a8_scales_foldable(W, r0, r1)) return 0;
     tiles_on();
-    const int K = W->cols, nkb = K / 32, kbs = W->dtype == Q3_MXFP4 ? 4 : 2;
+    const int K = W->cols, nkb = K / 32, fp4 = W->dtype == Q3_MXFP4, kbs = fp4 ? 4 : 2;
+    const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K, nb = (size_t)K / 32;
     /* rows a line more than K apart: K words apart, 16 rows of a tile shared L1 sets */
     const size_t ws = (size_t)K + 32;
     for (int rg = r0; rg < r1; rg += 16) {
         const int nr = r1 - rg < 16 ? r1 - rg : 16;
+        /* The next panel's codes (usually this thread's call after next:
+         * gate and up alternate) go to L2 during the tiles, its scales now:
+         * decoding waited on memory. q30b8 W4A8 prefill 512, two pairs:
+         * experts 575 / 471 -> 449 / 430 ms. */
+        const int next = rg + 16 < W->rows;
+        const char *pf = next ? (const char *)W->data + (size_t)(rg + 16) * eb : NULL;
+        if (next)
+            for (size_t l = 0; l < 16 * nb; l += 64) _mm_prefetch((const char *)W->scales + (size_t)(rg + 16) * nb + l, _MM_HINT_T1);
+        const int pfl = (int)(16 * eb / 64 / (size_t)nkb);
         /* rows past nr repeat the last one; their results are dropped */
         const side_decode sd = {W, wbuf, ws, rg, rg + nr - 1, kbs, 16 / kbs, nkb};
-        if (W->dtype == Q3_MXFP4) {
+        if (fp4) {
             for (int r = 0; r < 16; r++) q3_a8_decode_row(wbuf + (size_t)r * ws, W, rg + (r < nr ? r : nr - 1));
-            panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, NULL, NULL);
+            panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, NULL, pf, pfl);
             continue;
         }
         for (int u = 0; u < SIDE_LEAD; u++) side_unit(&sd, u);
-        panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, &sd, NULL);
+        panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, &sd, pf, pfl);
     }
     return 1;
 }
