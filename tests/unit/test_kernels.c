@@ -615,6 +615,9 @@ static void test_mx_matmul(void) {
     check_mx_a8(Q3_MXINT8, 33, 21, 192, Q3_MXINT8, 1);
     check_mx_a8(Q3_MXINT8, 128, 300, 512, Q3_MXINT8, 0);
     check_mx_a8(Q3_MXFP4, 64, 30, 256, Q3_MXFP8, 0);   /* two equal passes of 32 */
+    check_mx_a8(Q3_MXFP8, 40, 37, 2048, Q3_MXFP8, 0); /* AMX: rows decoded between the k blocks, past the first ones */
+    check_mx_a8(Q3_MXFP4, 40, 37, 2048, Q3_MXFP8, 0);
+    check_mx_a8(Q3_MXFP8, 150, 21, 4096, Q3_MXFP8, 0);
     check_mx_a8(Q3_MXFP4, 20, 40, 256, Q3_MXFP8, 1);   /* panels falling back to fp32 */
     check_mx_a8(Q3_MXFP4, 11, 37, 256, Q3_F32, 0);     /* fp32 inputs in quads (the MX decoders' order) */
     check_mx_a8(Q3_MXFP8, 12, 21, 192, Q3_F32, 0);
