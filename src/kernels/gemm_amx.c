@@ -141,26 +141,26 @@ static void pack_split(uint32_t *bp, const float *x, size_t ldx, int T, int K) {
         }
 }
 
-/* An A8 panel's rows decoded between its k blocks, so the decoding (vector
- * ports) runs while the tiles multiply: unit u (one per k block) is part
- * u % kbs of step u / kbs (a step: kbs k blocks), rpu = 16 / kbs rows of
- * it; unit kb + SIDE_LEAD is decoded before k block kb, the first
- * SIDE_LEAD before the panel. A step's last unit then lands at least
- * SIDE_LEAD - kbs + 1 blocks before its tiles are loaded. */
+/* An MXFP8 panel's rows decoded between its k blocks, so the decoding
+ * (vector ports) runs while the tiles multiply. A step of the decoder is
+ * 64 elements, two k blocks; unit u (one per k block) is the half u % 2
+ * of step u / 2: 8 of the 16 rows. Unit kb + SIDE_LEAD is decoded before
+ * k block kb, the first SIDE_LEAD before the panel, so a step's second
+ * half lands SIDE_LEAD - 1 blocks before its tiles are loaded. (MXFP4
+ * panels measured slower this way and decode row by row.) */
 typedef struct {
     const q3_mat *W;
     uint16_t *wb;
     size_t ws; /* words between decoded rows */
-    int rg, rlast, kbs, rpu, nunits;
+    int rg, rlast, nunits;
 } side_decode;
 
 enum { SIDE_LEAD = 8 };
 
 INLINE void side_unit(const side_decode *sd, int u) {
     if (u >= sd->nunits) return;
-    const int part = u % sd->kbs;
-    q3_a8_decode_step(sd->wb + (size_t)part * sd->rpu * sd->ws, sd->ws, sd->W, sd->rg + part * sd->rpu, sd->rpu, sd->rlast,
-                      u / sd->kbs);
+    const int half = u % 2;
+    q3_a8_decode_step(sd->wb + (size_t)half * 8 * sd->ws, sd->ws, sd->W, sd->rg + half * 8, 8, sd->rlast, u / 2);
 }
 
 /* One k block: A (16 rows x 32 k) into tile TA, then for each part c
@@ -325,7 +325,7 @@ static void amx_a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
 static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
     if (!q3_a8_scales_foldable(W, r0, r1)) return 0;
     tiles_on();
-    const int K = W->cols, nkb = K / 32, fp4 = W->dtype == Q3_MXFP4, kbs = fp4 ? 4 : 2;
+    const int K = W->cols, nkb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K, nb = (size_t)K / 32;
     /* rows a line more than K apart: K words apart, 16 rows of a tile shared L1 sets */
     const size_t ws = (size_t)K + 32;
@@ -341,7 +341,7 @@ static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const 
             for (size_t l = 0; l < 16 * nb; l += 64) _mm_prefetch((const char *)W->scales + (size_t)(rg + 16) * nb + l, _MM_HINT_T1);
         const int pfl = (int)(16 * eb / 64 / (size_t)nkb);
         /* rows past nr repeat the last one; their results are dropped */
-        const side_decode sd = {W, wbuf, ws, rg, rg + nr - 1, kbs, 16 / kbs, nkb};
+        const side_decode sd = {W, wbuf, ws, rg, rg + nr - 1, nkb};
         if (fp4) {
             for (int r = 0; r < 16; r++) q3_a8_decode_row(wbuf + (size_t)r * ws, W, rg + (r < nr ? r : nr - 1));
             panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, NULL, pf, pfl);

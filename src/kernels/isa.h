@@ -221,9 +221,9 @@ void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
 void q3_avx512bf16_a8_prep(void *xb, const float *x, int K, q3_dtype wt);
 int q3_a8_scales_foldable(const q3_mat *W, int r0, int r1);
 void q3_a8_decode_row(uint16_t *dst, const q3_mat *W, int r);
-/* Step s (128 MXFP4 or 64 MXFP8 elements, as q3_a8_decode_row decodes
- * them) of rows r .. r+n-1 of W (rows past rlast: rlast's again) into
- * dst + i * ds, at the step's place in the row. */
+/* Step s (64 elements, as q3_a8_decode_row decodes them) of rows r ..
+ * r+n-1 of MXFP8 W (rows past rlast: rlast's again) into dst + i * ds, at
+ * the step's place in the row. */
 void q3_a8_decode_step(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, int rlast, int s);
 /* gemm_amx.c: whether this CPU and OS run AMX-BF16 tiles (asks Linux for
  * the tile state once); the AMX GEMMs into an AVX-512 BF16 table: BF16

@@ -413,15 +413,6 @@ void q3_a8_decode_row(uint16_t *dst, const q3_mat *W, int r) {
 void q3_a8_decode_step(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, int rlast, int s) {
     pthread_once(&g_once, init_tables);
     const int K = W->cols, nb = K / 32;
-    if (W->dtype == Q3_MXFP4) {
-        const __m512i lut = _mm512_loadu_si512(g_fp4_w);
-        for (int i = 0; i < n; i++) {
-            const size_t row = (size_t)(r + i < rlast ? r + i : rlast);
-            fp4_step(dst + i * ds + (size_t)s * 128, (const uint8_t *)W->data + row * (K / 2) + (size_t)s * 64,
-                     W->scales + row * nb + 4 * s, lut);
-        }
-        return;
-    }
     __m512i t8[4];
     fp8_tables(t8);
     for (int i = 0; i < n; i++) {
