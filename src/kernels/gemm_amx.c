@@ -322,7 +322,43 @@ static void amx_a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
     }
 }
 
-static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
+/* Weight-only MX: each token's fp32 input as three bf16 parts (as
+ * pack_split makes them, in stored order), each part's words put in the A8
+ * decoders' order, 16 tokens at a time into rows (3 * 16 * K words after 3
+ * * K of parts), their pairs transposed into the tiles. */
+static void amx_wo_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *rows) {
+    const int nkb = K / 32, ntb = (T + 15) / 16;
+    uint16_t *part = rows + (size_t)48 * K;
+    for (int tb = 0; tb < ntb; tb++) {
+        for (int t = 0; t < 16; t++) {
+            const int tok = 16 * tb + t;
+            for (int k = 0; k < K; k += 32) {
+                __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+                if (tok < T) lo = _mm512_loadu_ps(x + (size_t)tok * ldx + k), hi = _mm512_loadu_ps(x + (size_t)tok * ldx + k + 16);
+                for (int c = 0; c < 3; c++) {
+                    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+                    _mm512_storeu_si512(part + (size_t)c * K + k, h);
+                    lo = _mm512_sub_ps(lo, widen_bf16(_mm512_castsi512_si256(h)));
+                    hi = _mm512_sub_ps(hi, widen_bf16(_mm512_extracti64x4_epi64(h, 1)));
+                }
+            }
+            for (int c = 0; c < 3; c++) q3_a8_permute_words(rows + ((size_t)c * 16 + t) * K, part + (size_t)c * K, K, wt);
+        }
+        for (int kb = 0; kb < nkb; kb++)
+            for (int c = 0; c < 3; c++) {
+                __m512i h[16];
+#pragma GCC unroll 16
+                for (int t = 0; t < 16; t++) h[t] = _mm512_loadu_si512(rows + ((size_t)c * 16 + t) * K + 32 * kb);
+                put_tile(ap + (((size_t)tb * nkb + kb) * 3 + c) * TILE_DW, h);
+            }
+    }
+}
+
+/* MX rows decoded to bf16 with their scales folded in against inputs of
+ * `parts` bf16 parts (A8: 1; weight-only: 3); 0, computing nothing, where
+ * a scale of these rows does not fold exactly. */
+static int mx_tiles(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf,
+                    int parts) {
     if (!q3_a8_scales_foldable(W, r0, r1)) return 0;
     tiles_on();
     const int K = W->cols, nkb = K / 32, fp4 = W->dtype == Q3_MXFP4;
@@ -344,13 +380,21 @@ static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const 
         const side_decode sd = {W, wbuf, ws, rg, rg + nr - 1, nkb};
         if (fp4) {
             for (int r = 0; r < 16; r++) q3_a8_decode_row(wbuf + (size_t)r * ws, W, rg + (r < nr ? r : nr - 1));
-            panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, NULL, pf, pfl);
+            panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, parts, NULL, pf, pfl);
             continue;
         }
         for (int u = 0; u < SIDE_LEAD; u++) side_unit(&sd, u);
-        panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 1, &sd, pf, pfl);
+        panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, parts, &sd, pf, pfl);
     }
     return 1;
+}
+
+static int amx_gemm_a8(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
+    return mx_tiles(out, ldo, ap, T, W, r0, r1, wbuf, 1);
+}
+
+static int amx_gemm_wo(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
+    return mx_tiles(out, ldo, ap, T, W, r0, r1, wbuf, 3);
 }
 
 double q3_amx_tile_flops(long n) {
@@ -425,5 +469,7 @@ void q3_amx_kernels(q3_isa_kernels *k) {
      * ~150, 12 425 / 156). */
     k->a8_tokens_t = 4;
     k->a8_max_t = Q3_BC_TOKENS_MAX;
+    k->wo_pack_act = amx_wo_pack_act;
+    k->gemm_wo = amx_gemm_wo;
 }
 #pragma GCC pop_options

@@ -97,6 +97,15 @@ typedef struct {
     void (*gemv_a8_tokens)(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
     int a8_tokens_t;
     int a8_max_t; /* <= Q3_BC_TOKENS_MAX */
+    /* Weight-only MXFP4 / MXFP8 products (fp32 inputs; NULL: not
+     * available), bc_min_t .. bc_max_t tokens, the shapes gemm_a8 takes:
+     * wo_pack_act writes the T input rows as 3 * K/2 * TP words (three
+     * bf16 parts each; rows: scratch of 51 * K words), gemm_wo computes
+     * out[t][r] from them (wbuf as gemm_a8's), or returns 0, computing
+     * nothing, where a scale of these rows does not fold exactly (the
+     * broadcast GEMM then takes the rows). */
+    void (*wo_pack_act)(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *rows);
+    int (*gemm_wo)(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf);
     /* A8 GEMM for 2 .. Q3_LANE_TOKENS tokens (a8_max_t where set; K <= Q3_LANE_KMAX):
      * a8_pack_act writes the T input rows as bf16 pairs in gemv_a8's
      * element order, at most K/2 * TP words (TP = T rounded up to 16): a
@@ -220,6 +229,9 @@ void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
  * a8_prep's order. */
 void q3_avx512bf16_a8_prep(void *xb, const float *x, int K, q3_dtype wt);
 int q3_a8_scales_foldable(const q3_mat *W, int r0, int r1);
+/* K bf16 words in stored order -> a8_prep's order for weights of dtype wt
+ * (a8_prep(x) is this applied to x rounded to bf16). */
+void q3_a8_permute_words(uint16_t *dst, const uint16_t *src, int K, q3_dtype wt);
 void q3_a8_decode_row(uint16_t *dst, const q3_mat *W, int r);
 /* Step s (64 elements, as q3_a8_decode_row decodes them) of rows r ..
  * r+n-1 of MXFP8 W (rows past rlast: rlast's again) into dst + i * ds, at

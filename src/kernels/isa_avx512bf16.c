@@ -74,32 +74,40 @@ INLINE __m512i bf16x32(const float *x) {
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
 }
 
-/* x[0..K) -> bf16 in the decoders' order: K a multiple of 64 (MXFP8) or
- * 128 (MXFP4). */
-static void a8_prep(void *xbv, const float *x, int K, q3_dtype wt) {
-    uint16_t *xb = xbv;
-    pthread_once(&g_once, init_tables);
-    if (wt == Q3_MXFP4) {
-        /* Vector i word j <- element 4j + i: words 0..15 come from the
-         * step's first 64 elements, words 16..31 from the last 64. */
-        for (int k = 0; k < K; k += 128) {
-            const __m512i n0 = bf16x32(x + k), n1 = bf16x32(x + k + 32), n2 = bf16x32(x + k + 64),
-                          n3 = bf16x32(x + k + 96);
-            for (int i = 0; i < 4; i++) {
-                const __m512i P = _mm512_loadu_si512(g_fp4_perm[i]);
-                _mm512_storeu_si512(xb + k + 32 * i, _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_permutex2var_epi16(n0, P, n1),
-                                                                             _mm512_permutex2var_epi16(n2, P, n3)));
-            }
-        }
-        return;
-    }
-    const __m512i i0 = _mm512_loadu_si512(g_fp8_perm), i1 = _mm512_loadu_si512(g_fp8_perm + 32);
-    for (int k = 0; k < K; k += 64) {
-        const __m512i n0 = bf16x32(x + k), n1 = bf16x32(x + k + 32);
-        _mm512_storeu_si512(xb + k, _mm512_permutex2var_epi16(n0, i0, n1));
-        _mm512_storeu_si512(xb + k + 32, _mm512_permutex2var_epi16(n0, i1, n1));
+/* One step of bf16 words (n[0..3]: 128 elements of an MXFP4 row's step,
+ * n[0..1]: 64 of an MXFP8 one, in stored order) to the decoders' order.
+ * MXFP4: vector i word j <- element 4j + i, words 0..15 from the step's
+ * first 64 elements, words 16..31 from the last 64. */
+INLINE void perm_fp4(uint16_t *dst, const __m512i n[4]) {
+    for (int i = 0; i < 4; i++) {
+        const __m512i P = _mm512_loadu_si512(g_fp4_perm[i]);
+        _mm512_storeu_si512(dst + 32 * i, _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_permutex2var_epi16(n[0], P, n[1]),
+                                                                  _mm512_permutex2var_epi16(n[2], P, n[3])));
     }
 }
+
+INLINE void perm_fp8(uint16_t *dst, const __m512i n[2]) {
+    _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(n[0], _mm512_loadu_si512(g_fp8_perm), n[1]));
+    _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(n[0], _mm512_loadu_si512(g_fp8_perm + 32), n[1]));
+}
+
+/* K inputs in the decoders' order (K a multiple of 64 for MXFP8, 128 for
+ * MXFP4): fp32 ones rounded to bf16 (f32), or bf16 words as they are. */
+INLINE void to_decoder_order(uint16_t *dst, const void *src, int K, q3_dtype wt, const int f32) {
+    pthread_once(&g_once, init_tables);
+    const int step = wt == Q3_MXFP4 ? 128 : 64;
+    for (int k = 0; k < K; k += step) {
+        __m512i n[4];
+        for (int v = 0; v < step / 32; v++)
+            n[v] = f32 ? bf16x32((const float *)src + k + 32 * v) : _mm512_loadu_si512((const uint16_t *)src + k + 32 * v);
+        if (wt == Q3_MXFP4) perm_fp4(dst + k, n);
+        else perm_fp8(dst + k, n);
+    }
+}
+
+static void a8_prep(void *xb, const float *x, int K, q3_dtype wt) { to_decoder_order(xb, x, K, wt, 1); }
+
+void q3_a8_permute_words(uint16_t *dst, const uint16_t *src, int K, q3_dtype wt) { to_decoder_order(dst, src, K, wt, 0); }
 
 /* Sixteen E8M0 codes -> 2^(c-127) as fp32 (code 0 is the subnormal 2^-127,
  * 0xFF NaN), exactly as q3_e8m0_to_f32. */

@@ -307,9 +307,24 @@ static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
     g_k->gemm_i8(jb->out + r0, jb->ldo, ap, fs, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
 
-/* Bytes of gemm_bc's packed input per token for W (fp32 lanes, or bf16 parts). */
+/* Weight-only MXFP4 / MXFP8 products on the table's gemm_wo (AMX tiles). */
+static int wo_takes(const q3_mat *W) { return g_k->gemm_wo && !W->a8 && mx_shape_ok(W, Q3_LANE_KMAX); }
+
+/* Bytes of the lane GEMMs' packed fp32 input per token for W: fp32 lanes
+ * (gemm_bc), or bf16 parts (BF16 weights on the AMX tiles, and gemm_wo). */
 static size_t bc_token_bytes(const q3_mat *W) {
-    return (size_t)W->cols * (W->dtype == Q3_BF16 && g_k->bc_bf16_parts ? 2 * (size_t)g_k->bc_bf16_parts : 4);
+    const int parts = (W->dtype == Q3_BF16 || wo_takes(W)) ? g_k->bc_bf16_parts : 0;
+    return (size_t)W->cols * (parts ? 2 * (size_t)parts : 4);
+}
+
+static int run_gemm_wo(const q3_mm_job *jb, int r0, int nr) {
+    static _Thread_local act_key have;
+    const q3_mat *W = jb->W;
+    uint32_t *ap = q3_scratch(Q3_SCR_WO_ACT, (size_t)Q3_BC_TOKENS_MAX * (Q3_LANE_KMAX / 2) * 3 * sizeof *ap);
+    uint16_t *rows = q3_scratch(Q3_SCR_WO_ROWS, (size_t)51 * Q3_LANE_KMAX * sizeof *rows);
+    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)16 * (Q3_LANE_KMAX + 32) * sizeof *wbuf);
+    if (act_stale(&have, jb)) g_k->wo_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, rows);
+    return g_k->gemm_wo(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
 
 static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
@@ -346,6 +361,10 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
                      : pg == PG_A8      ? g_k->a8_tokens_t
                                         : g_k->tokens_t;
     if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && pg != PG_NONE) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
+    /* weight-only MX on the tiles; rows whose scales do not fold go on to the broadcast GEMM */
+    if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) && jb->T >= g_k->bc_min_t && wo_takes(W) &&
+        (!run || run_gemm_wo(jb, r0, nr)))
+        return 1;
     if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
         (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
         TAKE(run_gemm_bc(jb, r0, nr));
@@ -578,7 +597,7 @@ static int lane_pass_tokens(const q3_mat *W) {
     }
     if (!g_k->bc_max_t) return Q3_LANE_TOKENS;
     const int fit = (int)((1u << 20) / bc_token_bytes(W)) / 16 * 16;
-    if (W->dtype == Q3_BF16 && g_k->bc_bf16_parts) return fit < 16 ? 16 : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
+    if ((W->dtype == Q3_BF16 || wo_takes(W)) && g_k->bc_bf16_parts) return fit < 16 ? 16 : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
     return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
 }
 

@@ -19,6 +19,8 @@ typedef enum {
     Q3_SCR_BC_W,     /* its widened weight rows, */
     Q3_SCR_BC_PERM,  /* MX-ordered input rows (AVX-512) */
     Q3_SCR_GLU,      /* a merged gate/up product's gate and up rows */
+    Q3_SCR_WO_ACT,   /* the weight-only MX tiles' packed inputs, */
+    Q3_SCR_WO_ROWS,  /* the rows being packed */
     Q3_SCR_COUNT
 } q3_scratch_slot;
 

@@ -455,6 +455,66 @@ static void test_amx_bf16_exact(void) {
     q3_kernels_force(Q3_ISA_COUNT - 1);
 }
 
+/* The AMX weight-only MX GEMM splits each fp32 input into three bf16 parts
+ * against rows decoded with their scales folded in. Inputs with one
+ * nonzero per token against weights that are powers of two make each
+ * output one exact product: only the full split gives it bit for bit.
+ * Both MX element types (MXFP8 rows are decoded between the k blocks, past
+ * the first 8 at K = 2048), token counts around the 16-token blocks, a
+ * partial last panel; and a panel whose scales do not fold is handed back. */
+static void test_amx_wo_exact(void) {
+    q3_kernels_force(Q3_ISA_AMX);
+    const q3_isa_kernels *k = q3_kernels_table();
+    if (q3_kernels_isa() != Q3_ISA_AMX) {
+        q3_kernels_force(Q3_ISA_COUNT - 1);
+        return; /* (test_amx_bf16_exact says so) */
+    }
+    enum { M = 37, K = 2048 };
+    const q3_dtype wts[] = {Q3_MXFP4, Q3_MXFP8};
+    const int Ts[] = {13, 16, 17, 64, 65, 128};
+    for (size_t wi = 0; wi < 2; wi++) {
+        const q3_dtype wt = wts[wi];
+        const size_t eb = q3_mx_elem_bytes(wt, K);
+        uint8_t *el = malloc(M * eb), *sc = malloc((size_t)M * K / 32);
+        float *row = malloc(K * sizeof(float)), *wf = malloc((size_t)M * K * sizeof(float));
+        for (int r = 0; r < M; r++) {
+            for (int i = 0; i < K; i++) row[i] = ldexpf((rng >> 7 & 1) ? -1.0f : 1.0f, (int)(frand() * 1.5f + 1.5f) - 1 + r % 3), (void)frand();
+            CHECK(q3_mx_quantize_row(wt, row, K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
+            q3_mx_dequantize_row(wt, sc + (size_t)r * K / 32, el + (size_t)r * eb, K, wf + (size_t)r * K);
+        }
+        q3_mat W = {.data = el, .dtype = wt, .rows = M, .cols = K, .scales = sc};
+        for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+            const int T = Ts[ti], TP = (T + 15) / 16 * 16;
+            float *x = calloc((size_t)T * K, sizeof *x), *out = malloc((size_t)T * M * sizeof *out);
+            uint32_t *ap = malloc((size_t)TP * K * 6);
+            uint16_t *rows = malloc((size_t)51 * K * 2), *wbuf = malloc((size_t)16 * (K + 32) * 2);
+            int at[128];
+            for (int t = 0; t < T; t++) {
+                at[t] = (t * 131 + 7) % K;
+                x[(size_t)t * K + at[t]] = frand() * 3.0f; /* a full 24-bit significand */
+            }
+            k->wo_pack_act(ap, x, K, T, K, wt, rows);
+            CHECK(k->gemm_wo(out, M, ap, T, &W, 0, M, wbuf) == 1);
+            int bad = 0;
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < M; r++) bad += out[(size_t)t * M + r] != wf[(size_t)r * K + at[t]] * x[(size_t)t * K + at[t]];
+            if (bad) fprintf(stderr, "test_amx_wo_exact: dtype %d, T %d: %d of %d outputs inexact\n", wt, T, bad, T * M);
+            CHECK_EQ_INT(bad, 0);
+            free(x), free(out), free(ap), free(rows), free(wbuf);
+        }
+        sc[3] = 0; /* row 0: a block of scale 2^-127, which folding cannot keep: the panel is handed back */
+        float *x = calloc((size_t)16 * K, sizeof *x), *out = malloc((size_t)16 * M * sizeof *out);
+        uint32_t *ap = malloc((size_t)16 * K * 6);
+        uint16_t *rows = malloc((size_t)51 * K * 2), *wbuf = malloc((size_t)16 * (K + 32) * 2);
+        k->wo_pack_act(ap, x, K, 16, K, wt, rows);
+        CHECK(k->gemm_wo(out, M, ap, 16, &W, 0, 16, wbuf) == 0);
+        CHECK(k->gemm_wo(out, M, ap, 16, &W, 16, 32, wbuf) == 1);
+        free(x), free(out), free(ap), free(rows), free(wbuf);
+        free(el), free(sc), free(row), free(wf);
+    }
+    q3_kernels_force(Q3_ISA_COUNT - 1);
+}
+
 /* A few tokens against MX weights in one pass (the AVX-512 kernels that
  * decode each row once for all of them: MXFP4 weights with MXINT8 and MXFP8
  * inputs, MXFP8 weights with MXFP8 inputs) give,
@@ -618,6 +678,8 @@ static void test_mx_matmul(void) {
     check_mx_a8(Q3_MXFP8, 40, 37, 2048, Q3_MXFP8, 0); /* AMX: rows decoded between the k blocks, past the first ones */
     check_mx_a8(Q3_MXFP4, 40, 37, 2048, Q3_MXFP8, 0);
     check_mx_a8(Q3_MXFP8, 150, 21, 4096, Q3_MXFP8, 0);
+    check_mx_a8(Q3_MXFP4, 40, 37, 2048, Q3_F32, 1); /* weight-only: AMX tiles, panels handed back to the broadcast GEMM */
+    check_mx_a8(Q3_MXFP8, 150, 21, 2048, Q3_F32, 0);
     check_mx_a8(Q3_MXFP4, 20, 40, 256, Q3_MXFP8, 1);   /* panels falling back to fp32 */
     check_mx_a8(Q3_MXFP4, 11, 37, 256, Q3_F32, 0);     /* fp32 inputs in quads (the MX decoders' order) */
     check_mx_a8(Q3_MXFP8, 12, 21, 192, Q3_F32, 0);
@@ -974,6 +1036,7 @@ int main(void) {
     test_i8_prep();
     test_mx_matmul();
     test_amx_bf16_exact();
+    test_amx_wo_exact();
     test_i8_gemm_variants_agree();
     test_mx_tokens_match_gemv();
     test_attention();
