@@ -1,12 +1,14 @@
 /* AMX tile GEMMs for prefill (Intel AMX-TILE + AMX-BF16: Sapphire Rapids
  * and later). One TDPBF16PS multiplies a 16 x 32 bf16 tile by a 32 x 16
  * one into 16 x 16 fp32 sums: 8192 multiply-adds, where an AVX-512 FMA
- * does 16. On the Xeon of BENCHMARKS.md one core ran them at 1.4-1.8
- * TFLOP/s against 234 GFLOP/s of FMAs.
+ * does 16. On the Xeon of BENCHMARKS.md one core ran them at 3.2 TFLOP/s
+ * on operands already in the tiles and 1.7 with a B tile loaded from L2
+ * per product, against 234 GFLOP/s of FMAs.
  *
  * Operands. A = 16 weight rows x 32 k as bf16, read in place from BF16
  * weights, or from rows decoded with their block scales folded in (MX
- * weights under A8, the AVX-512 BF16 A8 GEMM's decoder and order).
+ * weights, under A8 or weight-only; the AVX-512 BF16 A8 GEMM's decoder
+ * and element order).
  * B = 32 k x 16 tokens, packed once per pass the way the instruction
  * reads it: word pair p of token t, (x[t][2p], x[t][2p+1]), at B[p][t].
  * C = 16 rows x 16 tokens, transposed into the output rows at the end.
@@ -18,7 +20,8 @@
  * part falls below 2^-126, where the instructions flush it). Each of the
  * three products is exact in fp32 and all are summed in fp32: the fp32
  * product up to the order and rounding of the sums, at a third of the
- * tile rate. Under A8 the activations are MXFP8 values, bf16 numbers
+ * tile rate; the same for weight-only MX rows (decoded elements are bf16
+ * numbers). Under A8 the activations are MXFP8 values, bf16 numbers
  * already: one part.
  *
  * Linux gives the 8 KiB of tile registers only to a process that asks
@@ -39,6 +42,7 @@
 
 enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
 
+/* (First called under the kernel tables' pthread_once.) */
 int q3_amx_usable(void) {
     static int known = -1;
     if (known >= 0) return known;
@@ -50,7 +54,8 @@ int q3_amx_usable(void) {
     return known;
 }
 
-/* Tiles 0-3: C (four token blocks); 4: A; 5-7: B. All 16 rows of 64 bytes. */
+/* Tiles 0-3: C (up to four token blocks); 4 and 5: A (alternating k
+ * blocks); 6 and 7: B. All 16 rows of 64 bytes. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
