@@ -329,8 +329,8 @@ static void amx_a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
 
 /* Weight-only MX: each token's fp32 input as three bf16 parts (as
  * pack_split makes them, in stored order), each part's words put in the A8
- * decoders' order, 16 tokens at a time into rows (3 * 16 * K words after 3
- * * K of parts), their pairs transposed into the tiles. */
+ * decoders' order, 16 tokens at a time into rows (3 * 16 * K words, then
+ * 3 * K for one token's parts), their pairs transposed into the tiles. */
 static void amx_wo_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *rows) {
     const int nkb = K / 32, ntb = (T + 15) / 16;
     uint16_t *part = rows + (size_t)48 * K;
@@ -460,7 +460,7 @@ void q3_amx_kernels(q3_isa_kernels *k) {
         k->gemv_a8_tokens = amx_gemv_a8_tokens;
     }
     k->bc_pack_act = amx_bc_pack_act;
-    k->bc_bf16_parts = 3;
+    k->tile_parts = 3;
     /* BF16 products of 2-6 tokens too (AVX-512 sends them to gemm_small):
      * from DRAM, 1536 x 2048, 2 threads, 19.2-19.6 -> 24.0-24.5 GB/s at 4
      * and 6 tokens, even at 2 and 8; q30b8 prefill 128, two pairs: experts

@@ -99,8 +99,8 @@ typedef struct {
     int a8_max_t; /* <= Q3_BC_TOKENS_MAX */
     /* Weight-only MXFP4 / MXFP8 products (fp32 inputs; NULL: not
      * available), bc_min_t .. bc_max_t tokens, the shapes gemm_a8 takes:
-     * wo_pack_act writes the T input rows as 3 * K/2 * TP words (three
-     * bf16 parts each; rows: scratch of 51 * K words), gemm_wo computes
+     * wo_pack_act writes the T input rows as tile_parts * K/2 * TP words
+     * (rows: scratch of 17 * tile_parts * K words), gemm_wo computes
      * out[t][r] from them (wbuf as gemm_a8's), or returns 0, computing
      * nothing, where a scale of these rows does not fold exactly (the
      * broadcast GEMM then takes the rows). */
@@ -136,9 +136,10 @@ typedef struct {
     /* Most tokens gemm_bc takes (<= Q3_BC_TOKENS_MAX; 0: Q3_LANE_TOKENS);
      * fewest it takes for plain dtypes (fewer go to gemm_small). */
     int bc_max_t, bc_min_t;
-    /* Where nonzero, gemm_bc's packed input for BF16 weights holds each
-     * input as this many bf16 parts (the AMX table: 3), not as fp32. */
-    int bc_bf16_parts;
+    /* Where nonzero, the fp32 inputs of the tile GEMMs (gemm_bc on BF16
+     * weights, gemm_wo) are packed as this many bf16 parts each (the AMX
+     * table: 3), not as fp32. */
+    int tile_parts;
     /* MX products of at most this many tokens run as one GEMV per token
      * (gemv_a8 or gemv_mx, where it takes the weights): decoding a row once per
      * token beats the GEMMs' lanes left empty. i8_gemv_t: the same with

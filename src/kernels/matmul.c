@@ -313,15 +313,16 @@ static int wo_takes(const q3_mat *W) { return g_k->gemm_wo && !W->a8 && mx_shape
 /* Bytes of the lane GEMMs' packed fp32 input per token for W: fp32 lanes
  * (gemm_bc), or bf16 parts (BF16 weights on the AMX tiles, and gemm_wo). */
 static size_t bc_token_bytes(const q3_mat *W) {
-    const int parts = (W->dtype == Q3_BF16 || wo_takes(W)) ? g_k->bc_bf16_parts : 0;
+    const int parts = (W->dtype == Q3_BF16 || wo_takes(W)) ? g_k->tile_parts : 0;
     return (size_t)W->cols * (parts ? 2 * (size_t)parts : 4);
 }
 
 static int run_gemm_wo(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
-    uint32_t *ap = q3_scratch(Q3_SCR_WO_ACT, (size_t)Q3_BC_TOKENS_MAX * (Q3_LANE_KMAX / 2) * 3 * sizeof *ap);
-    uint16_t *rows = q3_scratch(Q3_SCR_WO_ROWS, (size_t)51 * Q3_LANE_KMAX * sizeof *rows);
+    const size_t parts = (size_t)g_k->tile_parts;
+    uint32_t *ap = q3_scratch(Q3_SCR_WO_ACT, (size_t)Q3_BC_TOKENS_MAX * (Q3_LANE_KMAX / 2) * parts * sizeof *ap);
+    uint16_t *rows = q3_scratch(Q3_SCR_WO_ROWS, 17 * parts * Q3_LANE_KMAX * sizeof *rows);
     uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)16 * (Q3_LANE_KMAX + 32) * sizeof *wbuf);
     if (act_stale(&have, jb)) g_k->wo_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, rows);
     return g_k->gemm_wo(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
@@ -331,7 +332,7 @@ static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local act_key have;
     /* fp32 lanes and rows, or bf16 parts (AMX: 3 per input) */
     const size_t f32 = ((size_t)(Q3_BC_TOKENS_MAX + 8) * Q3_LANE_KMAX + 16 * 16) * sizeof(float),
-                 parts = (size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX * 2 * (size_t)g_k->bc_bf16_parts;
+                 parts = (size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX * 2 * (size_t)g_k->tile_parts;
     float *ap = q3_scratch(Q3_SCR_BC_ACT, f32 > parts ? f32 : parts);
     float *wbuf = q3_scratch(Q3_SCR_BC_W, (size_t)Q3_NR * (Q3_LANE_KMAX + 16) * sizeof *wbuf);
     if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, jb->W->dtype);
@@ -361,12 +362,10 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
                      : pg == PG_A8      ? g_k->a8_tokens_t
                                         : g_k->tokens_t;
     if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && pg != PG_NONE) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
+    const int lane_most = g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS;
     /* weight-only MX on the tiles; rows whose scales do not fold go on to the broadcast GEMM */
-    if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) && jb->T >= g_k->bc_min_t && wo_takes(W) &&
-        (!run || run_gemm_wo(jb, r0, nr)))
-        return 1;
-    if (jb->T <= (g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS) &&
-        (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
+    if (jb->T <= lane_most && jb->T >= g_k->bc_min_t && wo_takes(W) && (!run || run_gemm_wo(jb, r0, nr))) return 1;
+    if (jb->T <= lane_most && (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
         TAKE(run_gemm_bc(jb, r0, nr));
     if (jb->T <= g_k->small_t && g_k->gemm_small && !q3_dtype_is_mx(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 &&
         nr % 2 == 0)
@@ -583,8 +582,8 @@ static void run_pass(const q3_mm_job *jobs, int n);
 /* Tokens per lane pass (a multiple of 16) for W: what the lane GEMM
  * takes, as long as the pass's packed activations fit in 1 MiB, about half
  * a core's L2 on the AVX-512 machine measured. The A8 GEMM's are 2 K bytes
- * per token (bf16), gemm_bc's 4 K (fp32), or 6 K (AMX, BF16 weights: three
- * bf16 parts). On AVX-512 without AMX the fp32 passes are at least two of
+ * per token (bf16), gemm_bc's 4 K (fp32), or 6 K (AMX tiles: three bf16
+ * parts, for BF16 weights and weight-only MX). On AVX-512 without AMX the fp32 passes are at least two of
  * Q3_LANE_TOKENS, else Q3_LANE_TOKENS. kernel_bench (AVX-512, T = 512),
  * passes of 128 tokens against 48: K = 2048 247-288 -> 286-312 GFLOP/s,
  * but K = 4096 259-285 -> 217-220 (2 MiB of activations, out of L2), and
@@ -597,7 +596,7 @@ static int lane_pass_tokens(const q3_mat *W) {
     }
     if (!g_k->bc_max_t) return Q3_LANE_TOKENS;
     const int fit = (int)((1u << 20) / bc_token_bytes(W)) / 16 * 16;
-    if ((W->dtype == Q3_BF16 || wo_takes(W)) && g_k->bc_bf16_parts) return fit < 16 ? 16 : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
+    if ((W->dtype == Q3_BF16 || wo_takes(W)) && g_k->tile_parts) return fit < 16 ? 16 : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
     return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
 }
 
