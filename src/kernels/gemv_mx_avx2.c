@@ -57,20 +57,23 @@ static void init_tables(void) {
     g_scale4 = q3_mx_scale_table(Q3_MXFP4);
 }
 
-const uint8_t *q3_avx2_fp4_bf16_bytes(int hi) {
-    pthread_once(&g_once, init_tables);
-    return hi ? g_fp4_hi : g_fp4_lo;
-}
-
 /* Input order for vectors of `lanes` 128-bit lanes (2 here, 4 in
  * gemv_mx_avx512.c): MXFP8 per 16 * lanes elements, slot 4 lanes v + 4l + j
  * of the copy (vector v, lane l, dword j) holds element 16l + 4j +
- * fp8_off[v]; MXFP4 per 32 * lanes elements (lane l from block l), slot
- * 4 lanes v + 4l + j holds element 32l + 4j + fp4_off[v]. */
+ * fp8_off[v]; MXFP4 with 2 lanes per 64 elements (lane l from block l),
+ * slot 8v + 4l + j holds element 32l + 4j + fp4_off[v]; MXFP4 with 4 lanes
+ * per 128 elements, slot 16v + j holds element 8j + v (gemv_mx_avx512.c
+ * decodes nibble v of each dword of codes into vector v). */
 static const int fp8_off[4] = {0, 2, 1, 3}, fp4_off[8] = {0, 2, 16, 18, 1, 3, 17, 19};
 
 static void prep(float *xb, const float *x, int K, q3_dtype wt, int lanes, float f) {
     const int fp4 = wt == Q3_MXFP4, nv = fp4 ? 8 : 4, span = fp4 ? 32 : 16;
+    if (fp4 && lanes == 4) {
+        for (int k = 0; k < K; k += 128)
+            for (int v = 0; v < 8; v++)
+                for (int j = 0; j < 16; j++) xb[k + 16 * v + j] = f * x[k + 8 * j + v];
+        return;
+    }
     for (int k = 0; k < K; k += span * lanes)
         for (int v = 0; v < nv; v++)
             for (int l = 0; l < lanes; l++)

@@ -279,9 +279,6 @@ void q3_mx_prep_copy(float *xb, const float *x, int K, q3_dtype wt, int lanes);
 /* The block factors for the GEMVs' copies: q3_mx_scale_table(t), times
  * 2^-Q3_FP8_COPY_EXP for MXFP8. */
 const float *q3_mx_copy_scale_table(q3_dtype t);
-/* gemv_mx_avx2.c's E2M1 lookup tables: the high (hi) or low byte of twice
- * each of the 16 values as bf16, twice over (32 bytes). */
-const uint8_t *q3_avx2_fp4_bf16_bytes(int hi);
 void q3_avx512_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1);
 void q3_avx512_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
 void q3_avx512bw_mx_kernels(q3_isa_kernels *k);
