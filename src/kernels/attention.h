@@ -3,7 +3,8 @@
  * do not depend on the thread count. Prefill works on tiles of query tokens
  * x the query heads of one KV head, each a pair of small register-tiled
  * matmuls per key block (S = Q K^T, O += P V) around the softmax update,
- * masked only on the diagonal blocks; the threads share out the tiles. A
+ * masked only on the diagonal blocks; the threads share out the tiles (on
+ * CPUs with AMX the two matmuls run on tiles: attention_amx.c). A
  * single decode token splits the KV length into blocks across threads and
  * merges the partial softmax states in block order. */
 #ifndef Q3_ATTENTION_H

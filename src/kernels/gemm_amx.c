@@ -36,6 +36,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "kernels/amx.h"
 #include "kernels/isa.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -72,7 +73,7 @@ static const tile_config g_tile_config = {
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
 
-static void tiles_on(void) {
+void q3_amx_tiles_on(void) {
     if (t_tiles_on) return;
     _tile_loadconfig(&g_tile_config);
     t_tiles_on = 1;
@@ -82,49 +83,18 @@ static void tiles_on(void) {
 static const uint16_t g_bench_operand[16 * 32] = {[0 ... 16 * 32 - 1] = 0x3f00};
 static float g_bench_sink[64][256];
 
-/* A B tile: 16 word pairs x 16 tokens. */
-enum { TILE_DW = 256 };
 /* Token blocks per group: tiles 0-3 hold their sums. */
 enum { GROUP_MAX = 4 };
 
-/* Packed inputs: bp[((tb * nkb + kb) * parts + c) * TILE_DW + p * 16 + t]
+/* Packed inputs: bp[((tb * nkb + kb) * parts + c) * Q3_TILE_DW + p * 16 + t]
  * for token block tb, k block kb (32 k), part c, pair p, token t; tokens
  * past T are zero. */
-static inline size_t block_dwords(int K, int parts) { return (size_t)(K / 32) * parts * TILE_DW; }
-
-/* r[p] lane t <- r[t] lane p (16 x 16 dwords): two unpack stages within
- * 128-bit lanes, two stages of 128-bit lane shuffles. */
-INLINE void transpose16(__m512i r[16]) {
-    __m512i a[16], b[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 16; i += 2) a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]), a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-#pragma GCC unroll 4
-    for (int i = 0; i < 16; i += 4) { /* b[i + e], 128-bit lane L: dword e of lane L of rows i .. i+3 */
-        b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]), b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
-        b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]), b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
-    }
-#pragma GCC unroll 4
-    for (int e = 0; e < 4; e++) {
-        const __m512i v = _mm512_shuffle_i32x4(b[e], b[4 + e], 0x88), w = _mm512_shuffle_i32x4(b[e], b[4 + e], 0xDD);
-        const __m512i v2 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0x88), w2 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0xDD);
-        r[e] = _mm512_shuffle_i32x4(v, v2, 0x88), r[8 + e] = _mm512_shuffle_i32x4(v, v2, 0xDD);
-        r[4 + e] = _mm512_shuffle_i32x4(w, w2, 0x88), r[12 + e] = _mm512_shuffle_i32x4(w, w2, 0xDD);
-    }
-}
-
-/* A B tile from 16 tokens' pairs (h[t]: token t's 16 pairs), one store per pair. */
-INLINE void put_tile(uint32_t *tile, __m512i h[16]) {
-    transpose16(h);
-#pragma GCC unroll 16
-    for (int p = 0; p < 16; p++) _mm512_storeu_si512(tile + 16 * p, h[p]);
-}
-
-INLINE __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+static inline size_t block_dwords(int K, int parts) { return (size_t)(K / 32) * parts * Q3_TILE_DW; }
 
 /* fp32 rows as three bf16 parts each: token by token the parts (each the
  * rounded rest of the one before) go to stage[c][t], then each part's 16
  * tokens are transposed into its tile. */
-static void pack_split(uint32_t *bp, const float *x, size_t ldx, int T, int K) {
+void q3_amx_pack_split(uint32_t *bp, const float *x, size_t ldx, int T, int K) {
     const int nkb = K / 32, ntb = (T + 15) / 16;
     __m512i stage[3][16];
     for (int tb = 0; tb < ntb; tb++)
@@ -134,15 +104,10 @@ static void pack_split(uint32_t *bp, const float *x, size_t ldx, int T, int K) {
                 __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
                 if (tok < T) lo = _mm512_loadu_ps(x + (size_t)tok * ldx + 32 * kb), hi = _mm512_loadu_ps(x + (size_t)tok * ldx + 32 * kb + 16);
 #pragma GCC unroll 3
-                for (int c = 0; c < 3; c++) {
-                    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* k order: lo's 16, then hi's */
-                    stage[c][t] = h;
-                    lo = _mm512_sub_ps(lo, widen_bf16(_mm512_castsi512_si256(h)));
-                    hi = _mm512_sub_ps(hi, widen_bf16(_mm512_extracti64x4_epi64(h, 1)));
-                }
+                for (int c = 0; c < 3; c++) stage[c][t] = q3_bf16_part(&lo, &hi);
             }
-            uint32_t *dst = bp + ((size_t)tb * nkb + kb) * 3 * TILE_DW;
-            for (int c = 0; c < 3; c++) put_tile(dst + c * TILE_DW, stage[c]);
+            uint32_t *dst = bp + ((size_t)tb * nkb + kb) * 3 * Q3_TILE_DW;
+            for (int c = 0; c < 3; c++) q3_put_tile(dst + c * Q3_TILE_DW, stage[c]);
         }
 }
 
@@ -177,8 +142,8 @@ INLINE void side_unit(const side_decode *sd, int u) {
         if (pf)                                                        \
             for (int l = 0; l < pfl; l++) _mm_prefetch(pf + ((size_t)kb * pfl + l) * 64, _MM_HINT_T1); \
         _tile_loadd(TA, A + 32 * kb, lda);                             \
-        const uint32_t *b = bp + (size_t)kb * parts * TILE_DW;         \
-        for (int c = 0; c < parts; c++, b += TILE_DW) {                \
+        const uint32_t *b = bp + (size_t)kb * parts * Q3_TILE_DW;         \
+        for (int c = 0; c < parts; c++, b += Q3_TILE_DW) {                \
             _tile_loadd(6, b, 64);                                     \
             _tile_dpbf16ps(0, TA, 6);                                  \
             if (n > 1) {                                               \
@@ -269,7 +234,7 @@ static void panel(float *out, size_t ldo, const uint16_t *A, size_t lda, int nr,
 static inline int amx_bf16(q3_dtype wt, int K) { return wt == Q3_BF16 && K % 32 == 0; }
 
 static void amx_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
-    if (amx_bf16(wt, K)) pack_split((uint32_t *)ap, x, ldx, T, K);
+    if (amx_bf16(wt, K)) q3_amx_pack_split((uint32_t *)ap, x, ldx, T, K);
     else q3_avx512_bc_pack_act(ap, x, ldx, T, K, wt);
 }
 
@@ -279,7 +244,7 @@ static void amx_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3
         q3_avx512_gemm_bc(out, ldo, ap, T, W, r0, r1, wbuf);
         return;
     }
-    tiles_on();
+    q3_amx_tiles_on();
     const size_t rs = W->rs ? W->rs : (size_t)K;
     const uint16_t *w = W->data;
     /* Rows of 4 KiB or more (K >= 2048) are streams the hardware prefetcher
@@ -322,13 +287,13 @@ static void amx_a8_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
             __m512i h[16];
 #pragma GCC unroll 16
             for (int t = 0; t < 16; t++) h[t] = _mm512_loadu_si512(rows + (size_t)t * K + 32 * kb);
-            put_tile(ap + ((size_t)tb * nkb + kb) * TILE_DW, h);
+            q3_put_tile(ap + ((size_t)tb * nkb + kb) * Q3_TILE_DW, h);
         }
     }
 }
 
 /* Weight-only MX: each token's fp32 input as three bf16 parts (as
- * pack_split makes them, in stored order), each part's words put in the A8
+ * q3_amx_pack_split makes them, in stored order), each part's words put in the A8
  * decoders' order, 16 tokens at a time into rows (3 * 16 * K words, then
  * 3 * K for one token's parts), their pairs transposed into the tiles. */
 static void amx_wo_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *rows) {
@@ -340,12 +305,7 @@ static void amx_wo_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
             for (int k = 0; k < K; k += 32) {
                 __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
                 if (tok < T) lo = _mm512_loadu_ps(x + (size_t)tok * ldx + k), hi = _mm512_loadu_ps(x + (size_t)tok * ldx + k + 16);
-                for (int c = 0; c < 3; c++) {
-                    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-                    _mm512_storeu_si512(part + (size_t)c * K + k, h);
-                    lo = _mm512_sub_ps(lo, widen_bf16(_mm512_castsi512_si256(h)));
-                    hi = _mm512_sub_ps(hi, widen_bf16(_mm512_extracti64x4_epi64(h, 1)));
-                }
+                for (int c = 0; c < 3; c++) _mm512_storeu_si512(part + (size_t)c * K + k, q3_bf16_part(&lo, &hi));
             }
             for (int c = 0; c < 3; c++) q3_a8_permute_words(rows + ((size_t)c * 16 + t) * K, part + (size_t)c * K, K, wt);
         }
@@ -354,7 +314,7 @@ static void amx_wo_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
                 __m512i h[16];
 #pragma GCC unroll 16
                 for (int t = 0; t < 16; t++) h[t] = _mm512_loadu_si512(rows + ((size_t)c * 16 + t) * K + 32 * kb);
-                put_tile(ap + (((size_t)tb * nkb + kb) * 3 + c) * TILE_DW, h);
+                q3_put_tile(ap + (((size_t)tb * nkb + kb) * 3 + c) * Q3_TILE_DW, h);
             }
     }
 }
@@ -365,7 +325,7 @@ static void amx_wo_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
 static int mx_tiles(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf,
                     int parts) {
     if (!q3_a8_scales_foldable(W, r0, r1)) return 0;
-    tiles_on();
+    q3_amx_tiles_on();
     const int K = W->cols, nkb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K, nb = (size_t)K / 32;
     /* rows a line more than K apart: K words apart, 16 rows of a tile shared L1 sets */
@@ -403,7 +363,7 @@ static int amx_gemm_wo(float *out, size_t ldo, const uint32_t *ap, int T, const 
 }
 
 double q3_amx_tile_flops(long n) {
-    tiles_on();
+    q3_amx_tiles_on();
     _tile_zero(0); /* (tile numbers are immediates: no loop) */
     _tile_zero(1);
     _tile_zero(2);
@@ -476,5 +436,6 @@ void q3_amx_kernels(q3_isa_kernels *k) {
     k->a8_max_t = Q3_BC_TOKENS_MAX;
     k->wo_pack_act = amx_wo_pack_act;
     k->gemm_wo = amx_gemm_wo;
+    q3_amx_attention_kernels(k);
 }
 #pragma GCC pop_options

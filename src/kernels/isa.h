@@ -64,6 +64,21 @@ typedef struct {
      * (attention.c then goes key by key with dot and axpy). */
     void (*att_decode)(const float *q, int G, const float *k, const float *v, size_t stride, int nk, int D, float scale,
                        float *st, size_t sts);
+    /* The two products of prefill_tile on AMX tiles (NULL: att_mm), for
+     * head_dim D % 32 == 0 (R is a multiple of Q3_ATT_ROWS): each fp32
+     * operand as three bf16 parts, each product as the six part products
+     * above 2^-24 of it (attention_amx.c). att_pack_kv writes keys [j0, j1)
+     * (multiples of 32) of one KV head (key j at k + j * stride, its value
+     * at v + j * stride; keys from n on as zeros) into kv (q3_att_kv_floats),
+     * as whole A tiles. att_pack_q writes a tile's query
+     * rows qr[R][D] into qp (3 R D / 2 dwords). att_scores: s[j][r] = sum_d
+     * K[j0 + j][d] q[r][d] for j < nk rounded up to 16. att_pv: o[d][r] +=
+     * sum_{j < nk} s[j][r] V[j0 + j][d] (pp: 3 Q3_ATT_BLOCK R / 2 dwords of
+     * scratch). */
+    void (*att_pack_kv)(uint16_t *kv, int npad, int D, const float *k, const float *v, size_t stride, int n, int j0, int j1);
+    void (*att_pack_q)(uint32_t *qp, const float *qr, int R, int D);
+    void (*att_scores)(float *s, int R, const uint16_t *kv, int npad, int D, const uint32_t *qp, int j0, int nk);
+    void (*att_pv)(float *o, int R, const uint16_t *kv, int npad, int D, uint32_t *pp, const float *s, int j0, int nk);
     /* Element-wise activation helpers (NULL: the scalar code in ops.c and
      * quant/mx.c). mx8_fake_quant: q3_mx_fake_quant_row(Q3_MXFP8, ...) bit
      * for bit (n % 32 == 0; -1, writing nothing, when x holds NaN/Inf);
@@ -246,6 +261,10 @@ void q3_a8_decode_step(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, 
  * AMX A8 pack's row scratch: 16 * K words. */
 int q3_amx_usable(void);
 void q3_amx_kernels(q3_isa_kernels *k);
+/* Floats of one KV head packed for the tile products (att_pack_kv), npad keys. */
+static inline size_t q3_att_kv_floats(int npad, int D) { return (size_t)3 * D * (size_t)npad; }
+/* attention_amx.c: the att_pack_kv, att_pack_q, att_scores and att_pv of the AMX table. */
+void q3_amx_attention_kernels(q3_isa_kernels *k);
 /* n tile products (TDPBF16PS, operands in the tile registers: no memory
  * traffic) on the calling thread, for bench's AMX peak; returns their
  * flops (16 * 16 * 32 multiply-adds each). */

@@ -333,7 +333,10 @@ static void att_softmax(float *S, int nk, int R, float scale, const float *lim, 
         }
         _mm512_storeu_ps(l + r, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l + r), corr), sum));
         _mm512_storeu_ps(m + r, mx);
-        for (int d = 0; d < D; d++) _mm512_storeu_ps(O + (size_t)d * R + r, _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)d * R + r), corr));
+        /* Where no row's maximum moved, corr is exp_neg16(0) = 1 exactly;
+         * past the first blocks that is most of them. */
+        if (_mm512_cmp_ps_mask(mx, m0, _CMP_NEQ_UQ))
+            for (int d = 0; d < D; d++) _mm512_storeu_ps(O + (size_t)d * R + r, _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)d * R + r), corr));
     }
 }
 
