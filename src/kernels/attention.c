@@ -57,7 +57,16 @@ static size_t tile_floats(int R, int D, int tiles) {
 }
 /* Keys the packed K and V of the tile products hold: n rounded up to 32. */
 static int tile_keys(int n) { return (n + 31) / 32 * 32; }
-static int use_tiles(const q3_isa_kernels *K, int D) { return K->att_scores && D % 32 == 0; }
+/* The tile products where the table has them and they pay: at least 512
+ * keys and 4 tiles per KV head (the heads go one at a time, and each
+ * packs its keys first). kernel_bench attn, Qwen3-30B-A3B heads, per
+ * layer, FMAs against tiles: 128 positions 0.9 / 1.2 ms, 256 2.9 / 3.0,
+ * 512 9.3 / 8.0, 4096 537 / 329. Not the thread count: results must not
+ * depend on it. */
+static int use_tiles(const q3_isa_kernels *K, int D, int g, int T, int pos0) {
+    const int bq = tile_tokens(g, 1);
+    return K->att_scores && D % 32 == 0 && pos0 + T >= 512 && (T + bq - 1) / bq >= 4;
+}
 
 size_t q3_attention_scratch(int n_heads, int head_dim, int ctx) {
     size_t blocks = ((size_t)ctx + Q3_ATT_BLOCK - 1) / Q3_ATT_BLOCK;
@@ -128,7 +137,7 @@ static void prefill_tile(const q3_isa_kernels *K, float *out, const float *q, in
 
 static void prefill(const q3_isa_kernels *K, float *out, const float *q, int T, int pos0, const q3_attn_layer *L,
                     float *scratch) {
-    const int KVH = L->n_kv_heads, g = L->n_heads / KVH, tiles = use_tiles(K, L->head_dim);
+    const int KVH = L->n_kv_heads, g = L->n_heads / KVH, tiles = use_tiles(K, L->head_dim, g, T, pos0);
     const int bq = tile_tokens(g, tiles), nqb = (T + bq - 1) / bq;
     if (tiles) {
         /* One KV head at a time: its keys packed by all threads, then its tiles. */

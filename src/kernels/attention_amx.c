@@ -8,14 +8,14 @@
  * mid, hi lo, mid hi, mid mid, lo hi. What is left out (mid lo, lo mid,
  * lo lo) is below 2^-23 of |a b|, about one fp32 rounding, and every part
  * product is exact in fp32: the sums are fp32 sums of the fp32 products
- * to within that. Six tile products against one FMA per element still
- * leave the tiles about 2.5x ahead (q3moe bench's tile and FMA peaks).
+ * to within that. Six tile products against one FMA per element leave
+ * the tiles 2.5x ahead on paper (q3moe bench's tile and FMA peaks); the
+ * Xeon of BENCHMARKS.md ran attention at 4096 positions 1.6x faster.
  *
- * Layouts (words): the KV head's keys as A tiles, kv = K parts
- * [3][npad][D] (key rows), then V^T parts [3][D][npad] (rows of one
- * dimension over all keys), keys past n zero, packed once per KV head per
- * prefill; the tile's query rows as B tiles (q3_amx_pack_split, D as k);
- * P as B tiles of key pairs per 16 rows, [key chunk of 32][row tile][3]. */
+ * Layouts: the KV head's keys as whole A tiles (pack_kv), packed once per
+ * KV head per prefill, keys past n zero; the tile's query rows as B tiles
+ * (q3_amx_pack_split, D as k); P as B tiles of key pairs per 16 rows,
+ * [key chunk of 32][row tile][part] (pack_p). */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16")
 #include <immintrin.h>
@@ -28,10 +28,9 @@
 
 /* The six part products of two A tiles at(i, a) (lda bytes between rows)
  * with two B tiles bt(i, b), into C tiles 0-3 = (A 0, B 0), (A 0, B 1),
- * (A 1, B 0), (A 1, B 1): 18 tile loads per 24 products, each B tile
- * used twice. at and bt are macros of the caller's. (One A tile against
- * four B tiles loaded each time ran the products from L2 at a third of
- * the tile rate.) */
+ * (A 1, B 0), (A 1, B 1): each loaded tile serves two products, 18 loads
+ * per 24 products (one A tile against four B tiles: 27). at and bt are
+ * macros of the caller's. */
 #define QUAD(b)                                                        \
     do {                                                               \
         _tile_loadd(6, bt(0, b), 64);                                  \

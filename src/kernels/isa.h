@@ -72,7 +72,7 @@ typedef struct {
      * at v + j * stride; keys from n on as zeros) into kv (q3_att_kv_floats),
      * as whole A tiles. att_pack_q writes a tile's query
      * rows qr[R][D] into qp (3 R D / 2 dwords). att_scores: s[j][r] = sum_d
-     * K[j0 + j][d] q[r][d] for j < nk rounded up to 16. att_pv: o[d][r] +=
+     * K[j0 + j][d] q[r][d] for j < nk rounded up to 32. att_pv: o[d][r] +=
      * sum_{j < nk} s[j][r] V[j0 + j][d] (pp: 3 Q3_ATT_BLOCK R / 2 dwords of
      * scratch). */
     void (*att_pack_kv)(uint16_t *kv, int npad, int D, const float *k, const float *v, size_t stride, int n, int j0, int j1);

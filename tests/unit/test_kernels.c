@@ -916,6 +916,70 @@ static void test_attention_tiles(void) {
     omp_set_num_threads(max_threads);
 }
 
+/* The AMX tile products of prefill attention (attention_amx.c), which
+ * take prompts of 512 keys or more and at least 4 tiles per KV head: GQA 8
+ * (32-token tiles) and 2 (128-token tiles), head_dim 128 and 64, from
+ * position 0 and on a filled cache with a partial last key chunk; against
+ * the scalar kernels on every row and double precision on sampled rows,
+ * and 1 against 2 threads bit for bit. */
+static void test_attention_tile_products(void) {
+    q3_kernels_force(Q3_ISA_AMX);
+    if (q3_kernels_isa() != Q3_ISA_AMX) {
+        printf("  (no AMX on this CPU: the attention tile checks skipped)\n");
+        q3_kernels_force(Q3_ISA_COUNT - 1);
+        return;
+    }
+    static const int cases[][5] = {/* H, KVH, D, T, pos0 */ {8, 1, 128, 600, 0}, {8, 1, 128, 197, 440}, {4, 2, 64, 530, 0}};
+    enum { N = 640 };
+    const int max_threads = omp_get_max_threads(), nthr = max_threads < 2 ? 2 : max_threads;
+    omp_set_num_threads(nthr);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int H = cases[ci][0], KVH = cases[ci][1], D = cases[ci][2], T = cases[ci][3], pos0 = cases[ci][4], g = H / KVH;
+        const size_t qs = (size_t)H * D, hs = (size_t)N * D;
+        float *k = malloc(N * (size_t)KVH * D * sizeof(float)), *v = malloc(N * (size_t)KVH * D * sizeof(float));
+        float *q = malloc((size_t)T * qs * sizeof(float)), *out = malloc((size_t)T * qs * sizeof(float));
+        float *ref = malloc((size_t)T * qs * sizeof(float)), *out1 = malloc((size_t)T * qs * sizeof(float));
+        float *scratch = malloc(q3_attention_scratch(H, D, N) * sizeof(float));
+        double *sc = malloc(N * sizeof(double)), *o = malloc((size_t)D * sizeof(double));
+        for (size_t i = 0; i < (size_t)N * KVH * D; i++) k[i] = frand() * 3, v[i] = frand();
+        for (size_t i = 0; i < (size_t)T * qs; i++) q[i] = frand();
+        const q3_attn_layer L = {H, KVH, D, (size_t)D, hs, k, v};
+        q3_kernels_force(Q3_ISA_SCALAR);
+        q3_attention(ref, q, T, pos0, &L, scratch);
+        q3_kernels_force(Q3_ISA_AMX);
+        q3_attention(out, q, T, pos0, &L, scratch);
+        double worst_scalar = 0, worst_ref = 0;
+        for (size_t i = 0; i < (size_t)T * qs; i++) worst_scalar = fmax(worst_scalar, fabs(out[i] - ref[i]));
+        for (int t = 0; t < T; t += 37)
+            for (int h = 0; h < H; h++) {
+                const float *qv = q + ((size_t)t * H + h) * D, *kv = k + (size_t)(h / g) * hs, *vv = v + (size_t)(h / g) * hs;
+                double mx = -1e300, z = 0;
+                for (int j = 0; j <= pos0 + t; j++) {
+                    double d = 0;
+                    for (int i = 0; i < D; i++) d += (double)qv[i] * kv[(size_t)j * D + i];
+                    mx = fmax(mx, sc[j] = d / sqrt(D));
+                }
+                for (int i = 0; i < D; i++) o[i] = 0;
+                for (int j = 0; j <= pos0 + t; j++) {
+                    z += sc[j] = exp(sc[j] - mx);
+                    for (int i = 0; i < D; i++) o[i] += sc[j] * vv[(size_t)j * D + i];
+                }
+                for (int i = 0; i < D; i++)
+                    worst_ref = fmax(worst_ref, fabs(o[i] / z - out[((size_t)t * H + h) * D + i]) / (1 + fabs(o[i] / z)));
+            }
+        if (!CHECK(worst_ref < 1e-5 && worst_scalar < 2e-6))
+            fprintf(stderr, "  tiles H %d KVH %d D %d T %d pos0 %d: vs double %.3g, vs scalar %.3g\n", H, KVH, D, T, pos0, worst_ref,
+                    worst_scalar);
+        omp_set_num_threads(1);
+        q3_attention(out1, q, T, pos0, &L, scratch);
+        omp_set_num_threads(nthr);
+        CHECK(memcmp(out, out1, (size_t)T * qs * sizeof(float)) == 0);
+        free(k), free(v), free(q), free(out), free(ref), free(out1), free(scratch), free(sc), free(o);
+    }
+    omp_set_num_threads(max_threads);
+    q3_kernels_force(Q3_ISA_COUNT - 1);
+}
+
 static void test_rmsnorm_softmax_swiglu(void) {
     float x[5] = {1, -2, 3, -4, 5}, w[5] = {1, 0.5f, 2, 1, -1}, out[5];
     q3_rmsnorm(out, x, w, 5, 1e-6f);
@@ -1042,6 +1106,7 @@ int main(void) {
     test_attention();
     test_attention_decode();
     test_attention_tiles();
+    test_attention_tile_products();
     test_rmsnorm_softmax_swiglu();
     test_rope_rotate_half();
     UNIT_MAIN_END();
