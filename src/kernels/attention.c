@@ -144,7 +144,7 @@ static void prefill(const q3_isa_kernels *K, float *out, const float *q, int T, 
         const int D = L->head_dim, npad = tile_keys(pos0 + T);
         /* Tiles on 64-byte lines: an unaligned one spans 17 (the products ran at half speed). */
         uint16_t *kv = (uint16_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-        float *tiles = (float *)kv + q3_att_kv_floats(npad, D);
+        float *work = (float *)kv + q3_att_kv_floats(npad, D);
         const size_t ws = tile_floats(tile_rows(g, 1), D, 1);
         for (int kvh = 0; kvh < KVH; kvh++) {
             const size_t off = (size_t)kvh * L->head_stride;
@@ -153,7 +153,7 @@ static void prefill(const q3_isa_kernels *K, float *out, const float *q, int T, 
                 K->att_pack_kv(kv, npad, D, L->k + off, L->v + off, L->kv_stride, pos0 + T, 32 * c, 32 * c + 32);
 #pragma omp parallel for schedule(dynamic, 1)
             for (int it = 0; it < nqb; it++)
-                prefill_tile(K, out, q, T, pos0, L, kvh, (nqb - 1 - it) * bq, tiles + (size_t)omp_get_thread_num() * ws, kv,
+                prefill_tile(K, out, q, T, pos0, L, kvh, (nqb - 1 - it) * bq, work + (size_t)omp_get_thread_num() * ws, kv,
                              npad);
         }
         return;

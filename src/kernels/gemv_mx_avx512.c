@@ -77,7 +77,8 @@ INLINE __m512 fp4_factors(const uint8_t *sc, const float *tab, const int plain) 
         int32_t w;
         memcpy(&w, sc, 4);
         /* lane l's dwords: byte l of the broadcast codes, zero-extended */
-        const __m512i ctl = _mm512_setr_epi32(-256, -256, -256, -256, -255, -255, -255, -255, -254, -254, -254, -254, -253, -253, -253, -253);
+        const __m512i ctl = _mm512_setr_epi32(-256, -256, -256, -256, -255, -255, -255, -255, -254, -254, -254, -254, -253, -253,
+                                              -253, -253);
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_shuffle_epi8(_mm512_set1_epi32(w), ctl), 23));
     }
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -143,7 +144,7 @@ typedef struct {
 static mx_rows mx_rows_of(const q3_mat *W) {
     const int K = W->cols, nb = K / 32;
     const size_t eb = W->dtype == Q3_MXFP4 ? (size_t)K / 2 : (size_t)K;
-    const mx_rows m = {W->data,     W->scales, eb, Q3_PF_WEIGHTS, q3_pf_scales((size_t)nb), nb, q3_mx_copy_scale_table(W->dtype),
+    const mx_rows m = {W->data, W->scales, eb, Q3_PF_WEIGHTS, q3_pf_scales((size_t)nb), nb, q3_mx_copy_scale_table(W->dtype),
                        _mm512_loadu_ps(q3_e2m1_lut)};
     return m;
 }
