@@ -111,26 +111,30 @@ void q3_amx_pack_split(uint32_t *bp, const float *x, size_t ldx, int T, int K) {
         }
 }
 
-/* An MXFP8 panel's rows decoded between its k blocks, so the decoding
- * (vector ports) runs while the tiles multiply. A step of the decoder is
- * 64 elements, two k blocks; unit u (one per k block) is the half u % 2
- * of step u / 2: 8 of the 16 rows. Unit kb + SIDE_LEAD is decoded before
- * k block kb, the first SIDE_LEAD before the panel, so a step's second
- * half lands SIDE_LEAD - 1 blocks before its tiles are loaded. (MXFP4
- * panels measured slower this way and decode row by row.) */
+/* Rows decoded between k blocks, so the decoding (vector ports) runs
+ * while the tiles multiply. A step of the decoder is 64 MXFP8 elements
+ * (two k blocks) or 128 MXFP4 ones (four): unit u (one per k block) is
+ * part u % per (of 16 / per rows) of step u / per, k0 elements into the
+ * rows, written s steps into the decoded rows at wb. tiles_group decodes
+ * unit kb - kb0 + lead before k block kb. A panel's own MXFP8 rows
+ * (lead SIDE_LEAD, the first SIDE_LEAD units before the panel: a step's
+ * last part lands SIDE_LEAD - 1 blocks before its tiles are loaded;
+ * MXFP4 panels measured slower this way and decode row by row), or the
+ * chunked panels' next chunk (lead 0, into the other buffer). */
 typedef struct {
     const q3_mat *W;
     uint16_t *wb;
     size_t ws; /* words between decoded rows */
-    int rg, rlast, nunits;
+    int rg, rlast, nunits, k0, per, lead;
 } side_decode;
 
 enum { SIDE_LEAD = 8 };
 
 INLINE void side_unit(const side_decode *sd, int u) {
     if (u >= sd->nunits) return;
-    const int half = u % 2;
-    q3_a8_decode_step(sd->wb + (size_t)half * 8 * sd->ws, sd->ws, sd->W, sd->rg + half * 8, 8, sd->rlast, u / 2);
+    const int rows = 16 / sd->per, step = 32 * sd->per, k = u / sd->per * step, q = u % sd->per;
+    q3_a8_decode_span(sd->wb + (size_t)q * rows * sd->ws + k, sd->ws, sd->W, sd->rg + q * rows, rows, sd->rlast, sd->k0 + k,
+                      sd->k0 + k + step);
 }
 
 /* One k block: A (16 rows x 32 k) into tile TA, then for each part c
@@ -140,8 +144,8 @@ INLINE void side_unit(const side_decode *sd, int u) {
 #define KBLOCK(TA)                                                     \
     do {                                                               \
         if (pf)                                                        \
-            for (int l = 0; l < pfl; l++) _mm_prefetch(pf + ((size_t)kb * pfl + l) * 64, _MM_HINT_T1); \
-        _tile_loadd(TA, A + 32 * kb, lda);                             \
+            for (int l = 0; l < pfl; l++) _mm_prefetch(pf + ((size_t)(kb - kb0) * pfl + l) * 64, _MM_HINT_T1); \
+        _tile_loadd(TA, A + 32 * (kb - kb0), lda);                     \
         const uint32_t *b = bp + (size_t)kb * parts * Q3_TILE_DW;         \
         for (int c = 0; c < parts; c++, b += Q3_TILE_DW) {                \
             _tile_loadd(6, b, 64);                                     \
@@ -162,27 +166,37 @@ INLINE void side_unit(const side_decode *sd, int u) {
     } while (0)
 
 /* The 16 x 16 sums of token blocks 0 .. n-1 of bp (blocks bs dwords apart)
- * against 16 rows of A (K bf16 each, lda bytes apart) into st[i * 256 +
- * r * 16 + t]. A alternates between tiles 4 and 5, so the next k block's
- * rows load while the last one's products run. sd: A is being decoded
- * (NULL: it is there); pf: the next panel, nkb * pfl lines (NULL: none). */
-INLINE void tiles_group(float *st, const uint16_t *A, size_t lda, const uint32_t *bp, size_t bs, int nkb, const int parts,
-                        const int n, const side_decode *sd, const char *pf, int pfl) {
-    _tile_zero(0);
-    if (n > 1) _tile_zero(1);
-    if (n > 2) _tile_zero(2);
-    if (n > 3) _tile_zero(3);
-    int kb = 0;
-    for (; kb + 1 < nkb; kb += 2) {
-        if (sd) side_unit(sd, kb + SIDE_LEAD);
+ * against 16 rows of A over k blocks kb0 .. kb1-1 (A: 32 (kb1 - kb0) bf16
+ * per row from k block kb0, lda bytes apart) into st[i * 256 + r * 16 +
+ * t]; resume: added to the sums st holds (else from zero: fp32 sums
+ * stored and loaded again, so a product split over k is bit for bit the
+ * same). A alternates between tiles 4 and 5, so the next k block's rows
+ * load while the last one's products run. sd: A is being decoded (NULL:
+ * it is there); pf: the next panel, nkb * pfl lines (NULL: none). */
+INLINE void tiles_group(float *st, const uint16_t *A, size_t lda, const uint32_t *bp, size_t bs, int kb0, int kb1,
+                        const int parts, const int n, const side_decode *sd, const char *pf, int pfl, int resume) {
+    if (resume) {
+        _tile_loadd(0, st, 64);
+        if (n > 1) _tile_loadd(1, st + 256, 64);
+        if (n > 2) _tile_loadd(2, st + 512, 64);
+        if (n > 3) _tile_loadd(3, st + 768, 64);
+    } else {
+        _tile_zero(0);
+        if (n > 1) _tile_zero(1);
+        if (n > 2) _tile_zero(2);
+        if (n > 3) _tile_zero(3);
+    }
+    int kb = kb0;
+    for (; kb + 1 < kb1; kb += 2) {
+        if (sd) side_unit(sd, kb - kb0 + sd->lead);
         KBLOCK(4);
         kb++;
-        if (sd) side_unit(sd, kb + SIDE_LEAD);
+        if (sd) side_unit(sd, kb - kb0 + sd->lead);
         KBLOCK(5);
         kb--;
     }
-    if (kb < nkb) {
-        if (sd) side_unit(sd, kb + SIDE_LEAD);
+    if (kb < kb1) {
+        if (sd) side_unit(sd, kb - kb0 + sd->lead);
         KBLOCK(4);
     }
     _tile_stored(0, st, 64);
@@ -191,6 +205,25 @@ INLINE void tiles_group(float *st, const uint16_t *A, size_t lda, const uint32_t
     if (n > 3) _tile_stored(3, st + 768, 64);
 }
 #undef KBLOCK
+
+/* tiles_group for parts 1 or 3 and n 1 .. GROUP_MAX, each pair compiled
+ * with them as constants. */
+INLINE void tiles_group_of(float *st, const uint16_t *A, size_t lda, const uint32_t *bp, size_t bs, int kb0, int kb1, int parts,
+                           int n, const side_decode *sd, const char *pf, int pfl, int resume) {
+#define CASE(P, N) tiles_group(st, A, lda, bp, bs, kb0, kb1, P, N, sd, pf, pfl, resume)
+    if (parts == 3) {
+        if (n == 1) CASE(3, 1);
+        else if (n == 2) CASE(3, 2);
+        else if (n == 3) CASE(3, 3);
+        else CASE(3, 4);
+    } else {
+        if (n == 1) CASE(1, 1);
+        else if (n == 2) CASE(1, 2);
+        else if (n == 3) CASE(1, 3);
+        else CASE(1, 4);
+    }
+#undef CASE
+}
 
 /* out[t * ldo + r] = st[r * 16 + t] for t < nt, r < nr. */
 INLINE void store_tokens(float *out, size_t ldo, const float *st, int nt, int nr) {
@@ -210,19 +243,7 @@ static void panel(float *out, size_t ldo, const uint16_t *A, size_t lda, int nr,
     for (int tb = 0; tb < ntb; tb += GROUP_MAX) {
         const int n = ntb - tb < GROUP_MAX ? ntb - tb : GROUP_MAX;
         const uint32_t *b = bp + (size_t)tb * bs;
-#define CASE(P, N) tiles_group(st, A, lda, b, bs, nkb, P, N, tb == 0 ? sd : NULL, tb == 0 ? pf : NULL, pfl)
-        if (parts == 3) {
-            if (n == 1) CASE(3, 1);
-            else if (n == 2) CASE(3, 2);
-            else if (n == 3) CASE(3, 3);
-            else CASE(3, 4);
-        } else {
-            if (n == 1) CASE(1, 1);
-            else if (n == 2) CASE(1, 2);
-            else if (n == 3) CASE(1, 3);
-            else CASE(1, 4);
-        }
-#undef CASE
+        tiles_group_of(st, A, lda, b, bs, 0, nkb, parts, n, tb == 0 ? sd : NULL, tb == 0 ? pf : NULL, pfl, 0);
         for (int i = 0; i < n; i++) {
             const int t0 = 16 * (tb + i), nt = T - t0 < 16 ? T - t0 : 16;
             store_tokens(out + (size_t)t0 * ldo, ldo, st + 256 * i, nt, nr);
@@ -319,6 +340,85 @@ static void amx_wo_pack_act(uint32_t *ap, const float *x, size_t ldx, int T, int
     }
 }
 
+/* k blocks per chunk, 8 or 4 (a multiple of the decoders' step, 4 k
+ * blocks): the larger whose two decoded A chunks and B tiles (1 KiB per
+ * k block each) stay within 40 KiB of L1; 0 for none. kernel_bench mx
+ * 1536 2048, AMX Xeon, 2 threads, MXFP4 / MXFP8 A8 GFLOP/s by k blocks
+ * per chunk (0: not chunked), T = 32: 0 949 / 789, 4 1143 / 940, 8 1133 /
+ * 1042, 12 1052 / 961, 16 908 / 733; T = 64: 0 1313 / 1188, 4 1425 /
+ * 1359, 8 1378 / 1295, 12 1167 / 972. */
+static int chunk_kb(int ntb, int parts) {
+    /* (8 blocks at 4 k blocks a chunk, in groups of 4: q30b8 W4A8
+     * prefill 4096, attention matmuls 858-877 -> 941-964 ms, experts
+     * even, o_proj's groups one panel) */
+    if (ntb > GROUP_MAX) return 0;
+    for (int ck = 8; ck >= 4; ck -= 4)
+        if (ck * (2 + ntb * parts) <= 40) return ck;
+    return 0;
+}
+
+/* K-chunked panels, for products of up to GROUP_MAX token blocks over
+ * several panels: for each chunk of k blocks, panel after panel, 16 rows'
+ * chunk decoded into L1, their sums taken up from memory (resume) and
+ * stored again. Per panel over all of K the B tiles (a token block's are
+ * 2 K bytes of it) came from L2 for one product each; a chunk's stay in
+ * L1 for all the panels of a group. The sums are each product's over k
+ * in the same order: the same bits as panel(). q30b8 W4A8, two pairs
+ * alternating: experts at prefill 128 252 / 254 -> 207 / 214 ms, at 512
+ * 410 / 412 -> 355 / 364. */
+static void chunked(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf,
+                    int parts, int ck) {
+    const int K = W->cols, nkb = K / 32, ntb = (T + 15) / 16;
+    const size_t eb = W->dtype == Q3_MXFP4 ? (size_t)K / 2 : (size_t)K, bs = block_dwords(K, parts), nb = (size_t)K / 32;
+    /* a chunk's decoded rows a line more than its k apart (L1 sets); two
+     * buffers: the next chunk is decoded while this one's tiles run */
+    const size_t aw = (size_t)ck * 32 + 32;
+    uint16_t *abuf[2] = {wbuf, wbuf + 16 * aw};
+    float *sums = (float *)(void *)(wbuf + 32 * aw);
+    /* Panels per group: their codes (at most 64 KiB) stay in L2 from chunk
+     * to chunk, while the next group's are fetched into L2, spread over
+     * the group's tiles (the first group's at the start). Without that the
+     * first chunk waited on DRAM (q30b8 W4A8 prefill 512: experts as slow
+     * as unchunked); groups of 32 KiB ran as fast, 128 KiB 3-5 % slower.
+     * The sums of a group's panels fill the rest of wbuf. */
+    const int fit = (int)(((size_t)Q3_MX_WBUF_WORDS - 32 * aw) * 2 / ((size_t)ntb * 1024));
+    int gp = (int)(((size_t)64 << 10) / (16 * eb));
+    gp = gp < 1 ? 1 : gp > fit ? fit : gp;
+    {
+        const size_t first = (size_t)((r1 - r0 < 16 * gp ? r1 - r0 : 16 * gp)) * eb;
+        for (size_t l = 0; l < first; l += 64) _mm_prefetch((const char *)W->data + (size_t)r0 * eb + l, _MM_HINT_T1);
+    }
+    for (int g0 = r0; g0 < r1; g0 += 16 * gp) {
+        const int g1 = r1 - g0 < 16 * gp ? r1 : g0 + 16 * gp, np = (g1 - g0 + 15) / 16, items = (nkb + ck - 1) / ck * np;
+        const int n1 = r1 - g1 < 16 * gp ? r1 : g1 + 16 * gp; /* the next group's rows end */
+        const char *next = (const char *)W->data + (size_t)g1 * eb;
+        const size_t next_lines = (size_t)(n1 - g1) * eb / 64, item_lines = (next_lines + (size_t)items - 1) / (size_t)items;
+        for (size_t l = 0; l < (size_t)(n1 - g1) * nb; l += 64) _mm_prefetch((const char *)W->scales + (size_t)g1 * nb + l, _MM_HINT_T1);
+        /* item i: panel i % np of chunk i / np, decoded into abuf[i & 1]
+         * after item i - 1's tiles were issued (they run meanwhile) */
+        q3_a8_decode_span(abuf[0], aw, W, g0, 16, (g1 - g0 < 16 ? g1 : g0 + 16) - 1, 0, 32 * (ck < nkb ? ck : nkb));
+        for (int i = 0; i < items; i++) {
+            const int kb0 = i / np * ck, kb1 = nkb - kb0 < ck ? nkb : kb0 + ck, p = i % np;
+            float *st = sums + (size_t)p * ntb * 256;
+            const char *pf = (size_t)i * item_lines < next_lines ? next + (size_t)i * item_lines * 64 : NULL;
+            const int pfl = (int)((item_lines + (size_t)(kb1 - kb0) - 1) / (size_t)(kb1 - kb0));
+            tiles_group_of(st, abuf[i & 1], aw * 2, ap, bs, kb0, kb1, parts, ntb, NULL, pf, pfl, kb0 > 0);
+            if (i + 1 < items) {
+                const int nk0 = (i + 1) / np * ck, nrg = g0 + 16 * ((i + 1) % np);
+                q3_a8_decode_span(abuf[(i + 1) & 1], aw, W, nrg, 16, (g1 - nrg < 16 ? g1 : nrg + 16) - 1, 32 * nk0,
+                                  32 * (nkb - nk0 < ck ? nkb : nk0 + ck));
+            }
+        }
+        for (int p = 0; p < np; p++) {
+            const int rg = g0 + 16 * p, nr = g1 - rg < 16 ? g1 - rg : 16;
+            for (int i = 0; i < ntb; i++) {
+                const int t0 = 16 * i, nt = T - t0 < 16 ? T - t0 : 16;
+                store_tokens(out + (size_t)t0 * ldo + (rg - r0), ldo, sums + ((size_t)p * ntb + i) * 256, nt, nr);
+            }
+        }
+    }
+}
+
 /* MX rows decoded to bf16 with their scales folded in against inputs of
  * `parts` bf16 parts (A8: 1; weight-only: 3); 0, computing nothing, where
  * a scale of these rows does not fold exactly. */
@@ -326,6 +426,11 @@ static int mx_tiles(float *out, size_t ldo, const uint32_t *ap, int T, const q3_
                     int parts) {
     if (!q3_a8_scales_foldable(W, r0, r1)) return 0;
     q3_amx_tiles_on();
+    const int ck = r1 - r0 > 16 ? chunk_kb((T + 15) / 16, parts) : 0;
+    if (ck) {
+        chunked(out, ldo, ap, T, W, r0, r1, wbuf, parts, ck);
+        return 1;
+    }
     const int K = W->cols, nkb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K, nb = (size_t)K / 32;
     /* rows a line more than K apart: K words apart, 16 rows of a tile shared L1 sets */
@@ -342,7 +447,7 @@ static int mx_tiles(float *out, size_t ldo, const uint32_t *ap, int T, const q3_
             for (size_t l = 0; l < 16 * nb; l += 64) _mm_prefetch((const char *)W->scales + (size_t)(rg + 16) * nb + l, _MM_HINT_T1);
         const int pfl = (int)(16 * eb / 64 / (size_t)nkb);
         /* rows past nr repeat the last one; their results are dropped */
-        const side_decode sd = {W, wbuf, ws, rg, rg + nr - 1, nkb};
+        const side_decode sd = {W, wbuf, ws, rg, rg + nr - 1, nkb, 0, 2, SIDE_LEAD};
         if (fp4) {
             for (int r = 0; r < 16; r++) q3_a8_decode_row(wbuf + (size_t)r * ws, W, rg + (r < nr ? r : nr - 1));
             panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, parts, NULL, pf, pfl);
@@ -429,6 +534,7 @@ void q3_amx_kernels(q3_isa_kernels *k) {
     k->gemm_bc = amx_gemm_bc;
     k->a8_pack_act = amx_a8_pack_act;
     k->gemm_a8 = amx_gemm_a8;
+    k->mx_panels = 1;
     /* Tiles from 5 tokens on (kernel_bench mx 1536 2048 20 T, MXFP4 GFLOP/s,
      * tiles against the tokens GEMV: T = 3 109 / 140, 4 144 / 150, 6 216 /
      * ~150, 12 425 / 156). */

@@ -13,6 +13,8 @@ enum { Q3_NR = 16, Q3_KC = 256, Q3_MR = 6, Q3_MR_MAX = 14 };
  * several passes of Q3_LANE_TOKENS tokens (of bc_max_t where gemm_bc is
  * the only lane kernel). */
 enum { Q3_LANE_TOKENS = 48, Q3_LANE_KMAX = 8192 };
+/* Words of the decoded-weights scratch (wbuf) gemm_a8 and gemm_wo take. */
+enum { Q3_MX_WBUF_WORDS = 16 * (Q3_LANE_KMAX + 32) };
 /* Most tokens any ISA's gemm_bc takes in one pass (bc_max_t). */
 enum { Q3_BC_TOKENS_MAX = 128 };
 
@@ -127,12 +129,15 @@ typedef struct {
      * lane panel for whole vectors of 16 tokens and rows for the rest
      * (lane_rem.h; row: scratch of K words); gemm_a8 computes
      * out[t][r] for r in [r0, r1), t < T, from it, with the block scales
-     * folded into the bf16 weights (wbuf: scratch of 8 * K words; AMX 16 * (K + 32)). It
+     * folded into the bf16 weights (wbuf: scratch of Q3_MX_WBUF_WORDS words). It
      * returns 0, computing nothing, when a scale of these rows is outside
      * the range that folding keeps exact; the caller then uses the fp32
      * kernels. */
     void (*a8_pack_act)(uint32_t *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt, uint16_t *row);
     int (*gemm_a8)(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf);
+    /* gemm_a8 and gemm_wo are given all the consecutive panels of a job
+     * that a thread takes in prefill at once (else one panel per call). */
+    int mx_panels;
     /* Weights-broadcast GEMM (plain dtypes, MX too where bc_mx; cs == 1,
      * K % 16 == 0, 2 .. bc_max_t tokens, K <= Q3_LANE_KMAX; NULL: not
      * available): bc_pack_act writes the T rows of x as ap[K][TP] (TP = T
@@ -249,10 +254,10 @@ int q3_a8_scales_foldable(const q3_mat *W, int r0, int r1);
  * (a8_prep(x) is this applied to x rounded to bf16). */
 void q3_a8_permute_words(uint16_t *dst, const uint16_t *src, int K, q3_dtype wt);
 void q3_a8_decode_row(uint16_t *dst, const q3_mat *W, int r);
-/* Step s (64 elements, as q3_a8_decode_row decodes them) of rows r ..
- * r+n-1 of MXFP8 W (rows past rlast: rlast's again) into dst + i * ds, at
- * the step's place in the row. */
-void q3_a8_decode_step(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, int rlast, int s);
+/* Elements [k0, k1) of rows r .. r+n-1 of MX W (rows past rlast: rlast's
+ * again), as q3_a8_decode_row decodes them, into dst + i * ds + (k - k0);
+ * k0 and k1 whole decoder steps (MXFP4 128 elements, MXFP8 64). */
+void q3_a8_decode_span(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, int rlast, int k0, int k1);
 /* gemm_amx.c: whether this CPU and OS run AMX-BF16 tiles (asks Linux for
  * the tile state once); the AMX GEMMs into an AVX-512 BF16 table: BF16
  * weights' broadcast GEMM (others keep AVX-512's) and the A8 GEMM. Their

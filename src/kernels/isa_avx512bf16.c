@@ -418,15 +418,24 @@ void q3_a8_decode_row(uint16_t *dst, const q3_mat *W, int r) {
     decode_row(dst, W, r);
 }
 
-void q3_a8_decode_step(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, int rlast, int s) {
+void q3_a8_decode_span(uint16_t *dst, size_t ds, const q3_mat *W, int r, int n, int rlast, int k0, int k1) {
     pthread_once(&g_once, init_tables);
-    const int K = W->cols, nb = K / 32;
+    const int K = W->cols, nb = K / 32, b0 = k0 / 32, b1 = k1 / 32;
+    if (W->dtype == Q3_MXFP4) {
+        const __m512i lut = _mm512_loadu_si512(g_fp4_w);
+        for (int i = 0; i < n; i++) {
+            const size_t row = (size_t)(r + i < rlast ? r + i : rlast);
+            const uint8_t *el = (const uint8_t *)W->data + row * (K / 2), *sc = W->scales + row * nb;
+            for (int b = b0; b < b1; b += 4) fp4_step(dst + i * ds + (size_t)(b - b0) * 32, el + (size_t)b * 16, sc + b, lut);
+        }
+        return;
+    }
     __m512i t8[4];
     fp8_tables(t8);
     for (int i = 0; i < n; i++) {
         const size_t row = (size_t)(r + i < rlast ? r + i : rlast);
-        fp8_step(dst + i * ds + (size_t)s * 64, (const uint8_t *)W->data + row * K + (size_t)s * 64, W->scales + row * nb + 2 * s,
-                 t8);
+        const uint8_t *el = (const uint8_t *)W->data + row * K, *sc = W->scales + row * nb;
+        for (int b = b0; b < b1; b += 2) fp8_step(dst + i * ds + (size_t)(b - b0) * 32, el + (size_t)b * 32, sc + b, t8);
     }
 }
 

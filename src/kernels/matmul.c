@@ -239,7 +239,7 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     const q3_mat *W = jb->W;
     uint32_t *ap = q3_scratch(Q3_SCR_A8_ACT, (size_t)a8_most() * (Q3_LANE_KMAX / 2) * sizeof *ap);
     uint16_t *row = q3_scratch(Q3_SCR_A8_ROW, (size_t)16 * Q3_LANE_KMAX * sizeof *row); /* a row; AMX 16 */
-    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)16 * (Q3_LANE_KMAX + 32) * sizeof *wbuf); /* 8 rows; AMX 16, padded */
+    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)Q3_MX_WBUF_WORDS * sizeof *wbuf);
     if (act_stale(&have, jb)) g_k->a8_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, row);
     return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
@@ -323,7 +323,7 @@ static int run_gemm_wo(const q3_mm_job *jb, int r0, int nr) {
     const size_t parts = (size_t)g_k->tile_parts;
     uint32_t *ap = q3_scratch(Q3_SCR_WO_ACT, (size_t)Q3_BC_TOKENS_MAX * (Q3_LANE_KMAX / 2) * parts * sizeof *ap);
     uint16_t *rows = q3_scratch(Q3_SCR_WO_ROWS, 17 * parts * Q3_LANE_KMAX * sizeof *rows);
-    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)16 * (Q3_LANE_KMAX + 32) * sizeof *wbuf);
+    uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)Q3_MX_WBUF_WORDS * sizeof *wbuf);
     if (act_stale(&have, jb)) g_k->wo_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, rows);
     return g_k->gemm_wo(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
@@ -423,36 +423,55 @@ static void prefetch_rows_at(const q3_mat *W, int r) {
     if (v.scales) q3_pf_lines(v.scales, 0, Q3_SC_PF_BYTES);
 }
 
+/* Rows [r0, r0 + nr) of a job (panels, or the rows of one-token jobs) by
+ * the kernel other_kernel picks, in one call, or where none takes them
+ * panel by panel (the panel GEMM, with the job's packed input tiles, or
+ * NULL: the rows as stored). */
+static void run_rows_any(const q3_mm_job *jb, const float *tiles, int r0, int nr) {
+    if (other_kernel(jb, r0, nr, 1)) return;
+    for (int q = r0; q < r0 + nr; q += Q3_NR) run_panel(jb, tiles, q);
+}
+
 /* Rows [r0, r0 + nr) of a merged gate/up job (jb->up): the gate and the up
- * products of those rows into the thread's scratch, by the kernels the
- * plain jobs would take (the panel GEMM with the job's packed input tiles,
- * or a GEMV over many panels' rows, gemv), then out = silu(gate) * up
- * (the values a separate pass over whole rows would give: SwiGLU is
- * elementwise). */
-static void run_glu(const q3_mm_job *jb, const float *tiles, int r0, int nr, int gemv) {
+ * products of those rows into the thread's scratch (run_rows_any), then
+ * out = silu(gate) * up (the values a separate pass over whole rows would
+ * give: SwiGLU is elementwise). */
+static void run_glu(const q3_mm_job *jb, const float *tiles, int r0, int nr) {
     float *g = q3_scratch(Q3_SCR_GLU, (size_t)2 * jb->T * nr * sizeof *g), *u = g + (size_t)jb->T * nr;
     /* rows from r0 to the matrices' end, so the kernels' prefetch of next rows still sees them */
     const q3_mat gw = q3_mat_rows(jb->W, r0, jb->W->rows - r0), uw = q3_mat_rows(jb->up, r0, jb->up->rows - r0);
     const q3_mm_job gj = {g, (size_t)nr, jb->x, jb->ldx, jb->T, &gw, NULL}, uj = {u, (size_t)nr, jb->x, jb->ldx, jb->T, &uw, NULL};
-    /* A thread switches between the gate and the up rows at every panel
-     * (prefill) or take of its run (decode): the up rows' start is fetched
-     * while the gate rows stream, the gate rows after these (usually the
-     * thread's next) while the up rows do. Without, W4A8 decode's experts
-     * ran about 1.5 % and its prefill's 2 % slower than as plain jobs. */
+    /* A thread switches between the gate and the up rows at every call
+     * (a panel or a job's panels in prefill, a take of its run in decode):
+     * the up rows' start is fetched while the gate rows stream, the gate
+     * rows after these (usually the thread's next) while the up rows do.
+     * Without, W4A8 decode's experts ran about 1.5 % and its prefill's 2 %
+     * slower than as plain jobs. */
     prefetch_rows_at(&uw, 0);
-    if (gemv) other_kernel(&gj, 0, nr, 1);
-    else run_panel(&gj, tiles, 0);
+    run_rows_any(&gj, tiles, 0, nr);
     if (nr < gw.rows) prefetch_rows_at(&gw, nr);
-    if (gemv) other_kernel(&uj, 0, nr, 1);
-    else run_panel(&uj, tiles, 0);
+    run_rows_any(&uj, tiles, 0, nr);
     q3_swiglu(g, g, u, jb->T * nr); /* one call for all tokens: per token, the dispatch cost as much as 16 values */
     for (int t = 0; t < jb->T; t++) memcpy(jb->out + (size_t)t * jb->ldo + r0, g + (size_t)t * nr, (size_t)nr * sizeof *g);
 }
 
-/* One panel of a job, merged gate/up or plain. */
-static void run_job_panel(const q3_mm_job *jb, const float *tiles, int r0) {
-    if (jb->up) run_glu(jb, tiles, r0, jb->W->rows - r0 < Q3_NR ? jb->W->rows - r0 : Q3_NR, 0);
-    else run_panel(jb, tiles, r0);
+/* Panels [q0, q1) of a job, merged gate/up or plain: one at a time, or
+ * all in one call where the table's MX tile GEMMs take them so
+ * (mx_panels). */
+static void run_job_panels(const q3_mm_job *jb, const float *tiles, int q0, int q1) {
+    const int rows = jb->W->rows, r1 = q1 * Q3_NR < rows ? q1 * Q3_NR : rows;
+    const int lane_most = g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS;
+    if (g_k->mx_panels && q1 - q0 > 1 &&
+        (a8_gemm_ok(jb) || (wo_takes(jb->W) && jb->T >= g_k->bc_min_t && jb->T <= lane_most))) {
+        if (jb->up) run_glu(jb, tiles, q0 * Q3_NR, r1 - q0 * Q3_NR);
+        else run_rows_any(jb, tiles, q0 * Q3_NR, r1 - q0 * Q3_NR);
+        return;
+    }
+    for (int q = q0; q < q1; q++) {
+        const int r0 = q * Q3_NR;
+        if (jb->up) run_glu(jb, tiles, r0, rows - r0 < Q3_NR ? rows - r0 : Q3_NR);
+        else run_panel(jb, tiles, r0);
+    }
 }
 
 static inline int panels_of(const q3_mm_job *jb) { return jb->T > 0 ? (jb->W->rows + Q3_NR - 1) / Q3_NR : 0; }
@@ -475,9 +494,11 @@ static void run_chunks(const q3_mm_job *jobs, float *const *tiles, int npanels, 
             n = n < 1 ? 1 : n > chunk ? chunk : n;
         } while (!atomic_compare_exchange_weak_explicit(next, &p0, p0 + n, memory_order_relaxed, memory_order_relaxed));
         const int p1 = p0 + n < npanels ? p0 + n : npanels;
-        for (int p = p0; p < p1; p++) {
+        for (int p = p0; p < p1;) {
             while (p >= base + panels_of(&jobs[j])) base += panels_of(&jobs[j]), j++;
-            run_job_panel(&jobs[j], tiles ? tiles[j] : NULL, (p - base) * Q3_NR);
+            const int end = base + panels_of(&jobs[j]) < p1 ? base + panels_of(&jobs[j]) : p1;
+            run_job_panels(&jobs[j], tiles ? tiles[j] : NULL, p - base, end - base);
+            p = end;
         }
     }
 }
@@ -554,8 +575,8 @@ enum { TAKE_MOST = 16 };
  * take it, measured within 1 % in a 512-token prefill.) */
 static void run_rows(const q3_mm_job *jb, int q0, int q1) {
     const int r0 = q0 * Q3_NR, r1 = q1 * Q3_NR < jb->W->rows ? q1 * Q3_NR : jb->W->rows;
-    if (jb->up) run_glu(jb, NULL, r0, r1 - r0, 1);
-    else other_kernel(jb, r0, r1 - r0, 1);
+    if (jb->up) run_glu(jb, NULL, r0, r1 - r0);
+    else run_rows_any(jb, NULL, r0, r1 - r0);
 }
 
 /* One-token jobs only (run_rows). */

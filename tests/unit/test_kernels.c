@@ -487,7 +487,7 @@ static void test_amx_wo_exact(void) {
             const int T = Ts[ti], TP = (T + 15) / 16 * 16;
             float *x = calloc((size_t)T * K, sizeof *x), *out = malloc((size_t)T * M * sizeof *out);
             uint32_t *ap = malloc((size_t)TP * K * 6);
-            uint16_t *rows = malloc((size_t)51 * K * 2), *wbuf = malloc((size_t)16 * (K + 32) * 2);
+            uint16_t *rows = malloc((size_t)51 * K * 2), *wbuf = malloc((size_t)Q3_MX_WBUF_WORDS * 2);
             int at[128];
             for (int t = 0; t < T; t++) {
                 at[t] = (t * 131 + 7) % K;
@@ -505,13 +505,75 @@ static void test_amx_wo_exact(void) {
         sc[3] = 0; /* row 0: a block of scale 2^-127, which folding cannot keep: the panel is handed back */
         float *x = calloc((size_t)16 * K, sizeof *x), *out = malloc((size_t)16 * M * sizeof *out);
         uint32_t *ap = malloc((size_t)16 * K * 6);
-        uint16_t *rows = malloc((size_t)51 * K * 2), *wbuf = malloc((size_t)16 * (K + 32) * 2);
+        uint16_t *rows = malloc((size_t)51 * K * 2), *wbuf = malloc((size_t)Q3_MX_WBUF_WORDS * 2);
         k->wo_pack_act(ap, x, K, 16, K, wt, rows);
         CHECK(k->gemm_wo(out, M, ap, 16, &W, 0, 16, wbuf) == 0);
         CHECK(k->gemm_wo(out, M, ap, 16, &W, 16, 32, wbuf) == 1);
         free(x), free(out), free(ap), free(rows), free(wbuf);
         free(el), free(sc), free(row), free(wf);
     }
+    q3_kernels_force(Q3_ISA_COUNT - 1);
+}
+
+/* The AMX MX GEMMs given several panels at once (the table's mx_panels)
+ * run them in chunks of k blocks, their sums stored and taken up again
+ * between chunks, in groups of panels: bit for bit the results of one call
+ * per panel, for A8 and weight-only inputs, 1 to 4 token blocks (more,
+ * and weight-only inputs of 3 or more, take the panels whole), a last
+ * chunk shorter than the others (K = 2176), a group and a panel cut short
+ * (M = 200). */
+static void test_amx_chunked_panels(void) {
+    q3_kernels_force(Q3_ISA_AMX);
+    const q3_isa_kernels *k = q3_kernels_table();
+    if (q3_kernels_isa() != Q3_ISA_AMX) {
+        q3_kernels_force(Q3_ISA_COUNT - 1);
+        return; /* (test_amx_bf16_exact says so) */
+    }
+    enum { M = 200 };
+    const int Ks[] = {768, 2176}, Ts[] = {5, 16, 17, 33, 50, 64, 65, 100, 128};
+    const q3_dtype wts[] = {Q3_MXFP4, Q3_MXFP8};
+    uint16_t *wbuf = malloc((size_t)Q3_MX_WBUF_WORDS * 2);
+    for (size_t wi = 0; wi < 2; wi++)
+        for (size_t ki = 0; ki < 2; ki++) {
+            const q3_dtype wt = wts[wi];
+            const int K = Ks[ki];
+            const size_t eb = q3_mx_elem_bytes(wt, (size_t)K);
+            uint8_t *el = malloc(M * eb), *sc = malloc((size_t)M * K / 32);
+            float *row = malloc((size_t)K * sizeof *row);
+            for (int r = 0; r < M; r++) {
+                for (int i = 0; i < K; i++) row[i] = frand() * (i % 61 == 0 ? 8.0f : 1.0f);
+                CHECK(q3_mx_quantize_row(wt, row, (size_t)K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
+            }
+            const q3_mat W = {.data = el, .dtype = wt, .rows = M, .cols = K, .scales = sc};
+            for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
+                for (int wo = 0; wo < 2; wo++) {
+                    const int T = Ts[ti], TP = (T + 15) / 16 * 16;
+                    float *x = malloc((size_t)T * K * sizeof *x), *whole = malloc((size_t)T * M * sizeof *whole);
+                    float *single = malloc((size_t)T * M * sizeof *single);
+                    uint32_t *ap = malloc((size_t)TP * K * 6);
+                    uint16_t *rows = malloc((size_t)51 * K * 2);
+                    for (int i = 0; i < T * K; i++) x[i] = frand();
+                    if (wo) k->wo_pack_act(ap, x, (size_t)K, T, K, wt, rows);
+                    else {
+                        for (int t = 0; t < T; t++) CHECK(q3_mx_fake_quant_row(Q3_MXFP8, x + (size_t)t * K, (size_t)K, x + (size_t)t * K) == 0);
+                        k->a8_pack_act(ap, x, (size_t)K, T, K, wt, rows);
+                    }
+                    int (*gemm)(float *, size_t, const uint32_t *, int, const q3_mat *, int, int, uint16_t *) = wo ? k->gemm_wo : k->gemm_a8;
+                    CHECK(gemm(whole, M, ap, T, &W, 0, M, wbuf) == 1);
+                    for (int r = 0; r < M; r += 16) CHECK(gemm(single + r, M, ap, T, &W, r, r + 16 < M ? r + 16 : M, wbuf) == 1);
+                    int bad = 0, nonzero = 0;
+                    for (int i = 0; i < T * M; i++) {
+                        bad += memcmp(&whole[i], &single[i], sizeof *whole) != 0;
+                        nonzero += whole[i] != 0.0f;
+                    }
+                    if (bad) fprintf(stderr, "test_amx_chunked_panels: dtype %d, K %d, T %d, %s: %d of %d differ\n", wt, K, T, wo ? "wo" : "A8", bad, T * M);
+                    CHECK_EQ_INT(bad, 0);
+                    CHECK(nonzero > T * M / 2);
+                    free(x), free(whole), free(single), free(ap), free(rows);
+                }
+            free(el), free(sc), free(row);
+        }
+    free(wbuf);
     q3_kernels_force(Q3_ISA_COUNT - 1);
 }
 
@@ -1101,6 +1163,7 @@ int main(void) {
     test_mx_matmul();
     test_amx_bf16_exact();
     test_amx_wo_exact();
+    test_amx_chunked_panels();
     test_i8_gemm_variants_agree();
     test_mx_tokens_match_gemv();
     test_attention();
