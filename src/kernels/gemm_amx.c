@@ -365,7 +365,9 @@ static int chunk_kb(int ntb, int parts) {
  * L1 for all the panels of a group. The sums are each product's over k
  * in the same order: the same bits as panel(). q30b8 W4A8, two pairs
  * alternating: experts at prefill 128 252 / 254 -> 207 / 214 ms, at 512
- * 410 / 412 -> 355 / 364. */
+ * 410 / 412 -> 355 / 364. (BF16 rows chunked the same way, read in place
+ * in groups of 128-512 KiB, two pairs: q30b8 BF16 prefill 512, experts
+ * 639-651 -> 848-1136 ms, slower the larger the group.) */
 static void chunked(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf,
                     int parts, int ck) {
     const int K = W->cols, nkb = K / 32, ntb = (T + 15) / 16;

@@ -433,7 +433,7 @@ static void test_amx_bf16_exact(void) {
             const int K = Ks[ki], T = Ts[ti];
             uint16_t *w = calloc((size_t)M * K, sizeof *w);
             float *x = malloc((size_t)T * K * sizeof *x), *out = malloc((size_t)T * M * sizeof *out);
-            float *ap = malloc((size_t)(T + 15) / 16 * 16 * K * 6), *wbuf = malloc((size_t)16 * K * 2); /* 3 bf16 per input, tokens in blocks of 16 */
+            float *ap = malloc((size_t)(T + 15) / 16 * 16 * K * 6), *wbuf = malloc((size_t)Q3_NR * (K + 16) * sizeof(float)); /* 3 bf16 per input, tokens in blocks of 16 */
             int at[37];
             float wv[37];
             for (int r = 0; r < M; r++) {
