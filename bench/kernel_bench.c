@@ -7,11 +7,14 @@
  * Decode MoE passes (8 of E MXFP4 experts per token, gate+up then down;
  * MXFP8 then MXINT8 inputs):
  *   build/kernel_bench moe [experts hidden ffn tokens]
- * Prefill MoE passes of a P-token prompt (8 of E BF16 experts per token;
- * skew > 1 draws expert u^skew * E for uniform u, so that some experts get
- * few tokens and some many, as in the deeper layers of a model; it prints
- * how many experts got how many tokens):
- *   build/kernel_bench moe-prefill [experts hidden ffn P reps skew]
+ * Prefill MoE passes of a P-token prompt (8 of E experts per token, BF16,
+ * or MXFP4 / MXFP8 with MXFP8 inputs: scheme bf16, w4a8 or w8a8; skew > 1
+ * draws expert u^skew * E for uniform u, so that some experts get few
+ * tokens and some many, as in the deeper layers of a model, and prints how
+ * many experts got how many tokens; repetition r runs layer r % layers of
+ * as many sets of experts, so that MX weights, which fit a large L3, are
+ * read from DRAM as in a model):
+ *   build/kernel_bench moe-prefill [experts hidden ffn P reps skew scheme layers]
  * This build's AVX-512 broadcast GEMM against another git revision's, the
  * two alternating in one process over the expert products of a P-token
  * prefill (one thread; `make gemm-ab AB_REV=REV` builds build/gemm_ab;
@@ -208,26 +211,62 @@ static void draw_experts(int *cnt, int E, int P, double skew) {
     }
 }
 
-static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew) {
-    if (E < 8 || H < 1 || F < 1 || P < 1 || reps < 1 || !(skew > 0.0 && skew <= 16.0)) {
-        fprintf(stderr, "kernel_bench moe-prefill: need experts >= 8, positive sizes and reps, 0 < skew <= 16\n");
+/* Random MX codes for a bench's weights (quantizing gigabytes of rows took
+ * minutes): any E2M1 code, E4M3 codes but NaN, block scales 2^-6 .. 2^1
+ * (codes 121-128, inside what the A8 kernels fold into bf16). */
+static void fill_mx(uint8_t *el, size_t nel, uint8_t *sc, size_t nsc, q3_dtype dt) {
+    uint64_t z = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < nel; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        uint8_t c = (uint8_t)(z >> 56);
+        if (dt == Q3_MXFP8 && (c & 0x7F) == 0x7F) c ^= 1;
+        el[i] = c;
+    }
+    for (size_t i = 0; i < nsc; i++) sc[i] = (uint8_t)(121 + (i * 2654435761u >> 7) % 8);
+}
+
+static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew, const char *scheme, int layers) {
+    if (E < 8 || H < 1 || F < 1 || P < 1 || reps < 1 || layers < 1 || !(skew > 0.0 && skew <= 16.0)) {
+        fprintf(stderr, "kernel_bench moe-prefill: need experts >= 8, positive sizes, reps and layers, 0 < skew <= 16\n");
         return 2;
     }
-    uint16_t *w = big_alloc((size_t)E * 3 * F * H * 2);
+    const q3_dtype dt = !strcmp(scheme, "bf16") ? Q3_BF16 : !strcmp(scheme, "w4a8") ? Q3_MXFP4 : !strcmp(scheme, "w8a8") ? Q3_MXFP8 : Q3_F32;
+    if (dt == Q3_F32) {
+        fprintf(stderr, "kernel_bench moe-prefill: scheme '%s': expected bf16, w4a8 or w8a8\n", scheme);
+        return 2;
+    }
+    const int mx = dt != Q3_BF16;
+    if (mx && (H % 128 || F % 128)) {
+        fprintf(stderr, "kernel_bench moe-prefill: MX experts need hidden and ffn multiples of 128\n");
+        return 2;
+    }
+    const size_t nmat = (size_t)layers * E * 3, per = (size_t)F * H; /* elements per matrix */
+    const size_t eb = mx ? q3_mx_elem_bytes(dt, per) : per * 2, sb = mx ? per / 32 : 0;
+    uint8_t *w = big_alloc(nmat * eb), *sc = mx ? big_alloc(nmat * sb) : NULL;
     int *cnt = calloc((size_t)E, sizeof *cnt);
-    if (!w || !cnt) return 1;
-    for (size_t i = 0; i < (size_t)E * 3 * F * H; i++) w[i] = q3_f32_to_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
+    if (!w || (mx && !sc) || !cnt) return 1;
+    if (mx) fill_mx(w, nmat * eb, sc, nmat * sb, dt);
+    else
+        for (size_t i = 0; i < nmat * per; i++) ((uint16_t *)w)[i] = q3_f32_to_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
     draw_experts(cnt, E, P, skew);
     float *x = malloc((size_t)P * 8 * H * 4), *h = malloc((size_t)P * 8 * 2 * F * 4), *y = malloc((size_t)P * 8 * H * 4);
     if (!x || !h || !y) return 1;
     for (size_t i = 0; i < (size_t)P * 8 * H; i++) x[i] = (float)((i * 40503u) % 1000) / 500.0f - 1.0f;
     for (size_t i = 0; i < (size_t)P * 8 * 2 * F; i++) h[i] = (float)((i * 40503u) % 1000) / 5000.0f - 0.1f;
-    q3_mat *mats = calloc((size_t)3 * E, sizeof *mats);
+    if (mx) { /* A8: the inputs as MXFP8 values */
+        for (size_t t = 0; t < (size_t)P * 8; t++)
+            if (q3_mx_fake_quant_row(Q3_MXFP8, x + t * H, (size_t)H, x + t * H) ||
+                q3_mx_fake_quant_row(Q3_MXFP8, h + t * F, (size_t)F, h + t * F))
+                return 1;
+    }
+    q3_mat *mats = calloc(nmat, sizeof *mats);
     q3_mm_job *jobs = calloc((size_t)2 * E, sizeof *jobs);
     if (!mats || !jobs) return 1;
-    for (int e = 0; e < E; e++)
-        for (int m = 0; m < 3; m++)
-            mats[3 * e + m] = (q3_mat){.data = w + ((size_t)3 * e + m) * F * H, .dtype = Q3_BF16, .rows = m < 2 ? F : H, .cols = m < 2 ? H : F};
+    for (size_t i = 0; i < nmat; i++) {
+        const int m = (int)(i % 3);
+        mats[i] = (q3_mat){.data = w + i * eb, .dtype = dt, .rows = m < 2 ? F : H, .cols = m < 2 ? H : F,
+                           .scales = mx ? sc + i * sb : NULL, .a8 = mx};
+    }
     if (skew != 1.0) {
         static const int upto[] = {0, 8, 16, 22, 32, 38, 48, INT32_MAX};
         int n[8] = {0};
@@ -239,15 +278,16 @@ static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew) 
         printf("experts by tokens (skew %.2f): 0: %d, 1-8: %d, 9-16: %d, 17-22: %d, 23-32: %d, 33-38: %d, 39-48: %d, more: %d\n",
                skew, n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]);
     }
-    double f13 = 0, fdn = 0;
-    for (int e = 0; e < E; e++) f13 += 2.0 * cnt[e] * 2 * F * H, fdn += 2.0 * cnt[e] * F * H;
+    double f13 = 0, fdn = 0, bytes = 0;
+    for (int e = 0; e < E; e++) f13 += 2.0 * cnt[e] * 2 * F * H, fdn += 2.0 * cnt[e] * F * H, bytes += cnt[e] ? 3.0 * (eb + sb) : 0;
     double b13 = 1e30, bdn = 1e30;
     for (int r = 0; r < reps; r++) {
+        const q3_mat *lm = mats + (size_t)(r % layers) * E * 3; /* layer by layer, as a model streams them */
         int n = 0;
         size_t off = 0;
         for (int e = 0; e < E; e++) {
             if (!cnt[e]) continue;
-            jobs[n++] = (q3_mm_job){h + off * F, (size_t)F, x + off * H, (size_t)H, cnt[e], &mats[3 * e], &mats[3 * e + 1]};
+            jobs[n++] = (q3_mm_job){h + off * F, (size_t)F, x + off * H, (size_t)H, cnt[e], &lm[3 * e], &lm[3 * e + 1]};
             off += (size_t)cnt[e];
         }
         double t0 = omp_get_wtime();
@@ -256,7 +296,7 @@ static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew) 
         n = 0, off = 0;
         for (int e = 0; e < E; e++) {
             if (!cnt[e]) continue;
-            jobs[n++] = (q3_mm_job){y + off * H, (size_t)H, h + off * F, (size_t)F, cnt[e], &mats[3 * e + 2], NULL};
+            jobs[n++] = (q3_mm_job){y + off * H, (size_t)H, h + off * F, (size_t)F, cnt[e], &lm[3 * e + 2], NULL};
             off += (size_t)cnt[e];
         }
         q3_matmul_jobs(jobs, n);
@@ -264,10 +304,11 @@ static int moe_prefill_bench(int E, int H, int F, int P, int reps, double skew) 
         if (t1 - t0 < b13) b13 = t1 - t0;
         if (t2 - t1 < bdn) bdn = t2 - t1;
     }
-    printf("%-10s MoE prefill, %d tokens x 8 of %d BF16 experts, H %d F %d: gate+up %.1f ms (%.1f GFLOP/s), down %.1f ms "
-           "(%.1f GFLOP/s)  (threads %d)\n",
-           q3_isa_name(q3_kernels_isa()), P, E, H, F, b13 * 1e3, f13 / b13 / 1e9, bdn * 1e3, fdn / bdn / 1e9, omp_get_max_threads());
-    free(w), free(cnt), free(x), free(h), free(y), free(mats), free(jobs);
+    printf("%-10s MoE prefill, %d tokens x 8 of %d %s experts, H %d F %d, %d layer%s: gate+up %.1f ms (%.1f GFLOP/s), down %.1f ms "
+           "(%.1f GFLOP/s); weights %.2f GB/s over both  (threads %d)\n",
+           q3_isa_name(q3_kernels_isa()), P, E, scheme, H, F, layers, layers > 1 ? "s" : "", b13 * 1e3, f13 / b13 / 1e9, bdn * 1e3,
+           fdn / bdn / 1e9, bytes / (b13 + bdn) / 1e9, omp_get_max_threads());
+    free(w), free(sc), free(cnt), free(x), free(h), free(y), free(mats), free(jobs);
     return 0;
 }
 
@@ -514,7 +555,8 @@ int main(int argc, char **argv) {
                           argc > 5 ? atoi(argv[5]) : 128, argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atoi(argv[7]) : 1);
     if (argc > 1 && !strcmp(argv[1], "moe-prefill"))
         return moe_prefill_bench(argc > 2 ? atoi(argv[2]) : 128, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 768,
-                                 argc > 5 ? atoi(argv[5]) : 512, argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atof(argv[7]) : 1.0);
+                                 argc > 5 ? atoi(argv[5]) : 512, argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atof(argv[7]) : 1.0,
+                                 argc > 8 ? argv[8] : "bf16", argc > 9 ? atoi(argv[9]) : 1);
     if (argc > 1 && !strcmp(argv[1], "moe"))
         return moe_bench(argc > 2 ? atoi(argv[2]) : 128, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 768,
                          argc > 5 ? atoi(argv[5]) : 200);
