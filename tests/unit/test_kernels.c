@@ -515,6 +515,19 @@ static void test_amx_wo_exact(void) {
     q3_kernels_force(Q3_ISA_COUNT - 1);
 }
 
+/* M rows of K random values in [-1, 1) (every `every`-th times `peak`),
+ * quantized to MX dtype wt: codes *el and scales *sc (the caller frees). */
+static void random_mx_rows(q3_dtype wt, int M, int K, int every, float peak, uint8_t **el, uint8_t **sc) {
+    const size_t eb = q3_mx_elem_bytes(wt, (size_t)K);
+    float *row = malloc((size_t)K * sizeof *row);
+    *el = malloc((size_t)M * eb), *sc = malloc((size_t)M * K / 32);
+    for (int r = 0; r < M; r++) {
+        for (int i = 0; i < K; i++) row[i] = frand() * (i % every == 0 ? peak : 1.0f);
+        CHECK(q3_mx_quantize_row(wt, row, (size_t)K, *sc + (size_t)r * K / 32, *el + (size_t)r * eb) == 0);
+    }
+    free(row);
+}
+
 /* The AMX MX GEMMs given several panels at once (the table's mx_panels)
  * run them in chunks of k blocks, their sums stored and taken up again
  * between chunks, in groups of panels: bit for bit the results of one call
@@ -537,13 +550,8 @@ static void test_amx_chunked_panels(void) {
         for (size_t ki = 0; ki < 2; ki++) {
             const q3_dtype wt = wts[wi];
             const int K = Ks[ki];
-            const size_t eb = q3_mx_elem_bytes(wt, (size_t)K);
-            uint8_t *el = malloc(M * eb), *sc = malloc((size_t)M * K / 32);
-            float *row = malloc((size_t)K * sizeof *row);
-            for (int r = 0; r < M; r++) {
-                for (int i = 0; i < K; i++) row[i] = frand() * (i % 61 == 0 ? 8.0f : 1.0f);
-                CHECK(q3_mx_quantize_row(wt, row, (size_t)K, sc + (size_t)r * K / 32, el + (size_t)r * eb) == 0);
-            }
+            uint8_t *el, *sc;
+            random_mx_rows(wt, M, K, 61, 8.0f, &el, &sc);
             const q3_mat W = {.data = el, .dtype = wt, .rows = M, .cols = K, .scales = sc};
             for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
                 for (int wo = 0; wo < 2; wo++) {
@@ -571,7 +579,55 @@ static void test_amx_chunked_panels(void) {
                     CHECK(nonzero > T * M / 2);
                     free(x), free(whole), free(single), free(ap), free(rows);
                 }
-            free(el), free(sc), free(row);
+            free(el), free(sc);
+        }
+    free(wbuf);
+    q3_kernels_force(Q3_ISA_COUNT - 1);
+}
+
+/* The AMX-INT8 integer GEMM (MXINT8 inputs; MXFP4 and MXINT8 weights)
+ * gives the VNNI GEMM's results bit for bit: the same exact block sums
+ * (signed inputs on the tiles, offset ones on VPDPBUSD less the
+ * correction), scaled in the same order. Several panels in one call and a
+ * short last one, 1 to 8 token blocks, inputs with zero and tiny blocks. */
+static void test_amx_i8_matches_vnni(void) {
+    q3_kernels_force(Q3_ISA_AVX512);
+    const q3_isa_kernels kv = *q3_kernels_table();
+    const int have_vnni = q3_kernels_isa() == Q3_ISA_AVX512 && kv.gemm_i8;
+    q3_kernels_force(Q3_ISA_AMX);
+    const q3_isa_kernels *ka = q3_kernels_table();
+    if (q3_kernels_isa() != Q3_ISA_AMX || !have_vnni || ka->gemm_i8 == kv.gemm_i8) {
+        q3_kernels_force(Q3_ISA_COUNT - 1);
+        return; /* (no AMX-INT8 kernel on this CPU) */
+    }
+    enum { M = 37 };
+    const int Ks[] = {192, 2048}, Ts[] = {7, 16, 33, 100, 128};
+    const q3_dtype wts[] = {Q3_MXFP4, Q3_MXINT8};
+    void *wbuf = malloc((size_t)Q3_NR * (2048 + 2048 / 4) * 2);
+    for (size_t wi = 0; wi < 2; wi++)
+        for (size_t ki = 0; ki < 2; ki++) {
+            const q3_dtype wt = wts[wi];
+            const int K = Ks[ki];
+            uint8_t *el, *sc;
+            random_mx_rows(wt, M, K, 37, 6.0f, &el, &sc);
+            const q3_mat W = {.data = el, .dtype = wt, .rows = M, .cols = K, .scales = sc, .a8 = 1, .ai8 = 1};
+            for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+                const int T = Ts[ti], TP = (T + 15) & ~15;
+                float *x = malloc((size_t)T * K * sizeof *x), *fs = malloc((size_t)K / 32 * TP * sizeof *fs);
+                float *o1 = malloc((size_t)T * M * sizeof *o1), *o2 = malloc((size_t)T * M * sizeof *o2);
+                uint32_t *ap = malloc((size_t)K * TP);
+                for (int i = 0; i < T * K; i++) x[i] = frand() * (i / 32 % 11 == 3 ? 0.0f : i / 32 % 11 == 5 ? 1e-30f : 1.0f);
+                kv.i8_pack_act(ap, fs, x, (size_t)K, T, K);
+                for (int r = 0; r < M; r += Q3_NR) kv.gemm_i8(o1 + r, M, ap, fs, T, &W, r, r + Q3_NR < M ? r + Q3_NR : M, wbuf);
+                ka->i8_pack_act(ap, fs, x, (size_t)K, T, K);
+                ka->gemm_i8(o2, M, ap, fs, T, &W, 0, M, wbuf);
+                int bad = 0;
+                for (int i = 0; i < T * M; i++) bad += memcmp(&o1[i], &o2[i], sizeof *o1) != 0;
+                if (bad) fprintf(stderr, "test_amx_i8_matches_vnni: dtype %d, K %d, T %d: %d of %d differ\n", wt, K, T, bad, T * M);
+                CHECK_EQ_INT(bad, 0);
+                free(x), free(fs), free(o1), free(o2), free(ap);
+            }
+            free(el), free(sc);
         }
     free(wbuf);
     q3_kernels_force(Q3_ISA_COUNT - 1);
@@ -1164,6 +1220,7 @@ int main(void) {
     test_amx_bf16_exact();
     test_amx_wo_exact();
     test_amx_chunked_panels();
+    test_amx_i8_matches_vnni();
     test_i8_gemm_variants_agree();
     test_mx_tokens_match_gemv();
     test_attention();
