@@ -112,30 +112,27 @@ void q3_amx_pack_split(uint32_t *bp, const float *x, size_t ldx, int T, int K) {
         }
 }
 
-/* Rows decoded between k blocks, so the decoding (vector ports) runs
- * while the tiles multiply. A step of the decoder is 64 MXFP8 elements
- * (two k blocks) or 128 MXFP4 ones (four): unit u (one per k block) is
- * part u % per (of 16 / per rows) of step u / per, k0 elements into the
- * rows, written s steps into the decoded rows at wb. tiles_group decodes
- * unit kb - kb0 + lead before k block kb. A panel's own MXFP8 rows
- * (lead SIDE_LEAD, the first SIDE_LEAD units before the panel: a step's
- * last part lands SIDE_LEAD - 1 blocks before its tiles are loaded;
- * MXFP4 panels measured slower this way and decode row by row), or the
- * chunked panels' next chunk (lead 0, into the other buffer). */
+/* An MXFP8 panel's rows decoded between its k blocks, so the decoding
+ * (vector ports) runs while the tiles multiply. A step of the decoder is
+ * 64 elements, two k blocks; unit u (one per k block) is the half u % 2
+ * of step u / 2: 8 of the 16 rows. Unit kb + SIDE_LEAD is decoded before
+ * k block kb, the first SIDE_LEAD before the panel, so a step's second
+ * half lands SIDE_LEAD - 1 blocks before its tiles are loaded. (MXFP4
+ * panels measured slower this way and decode row by row; so did the
+ * chunked panels' next chunk, decoded in such units.) */
 typedef struct {
     const q3_mat *W;
     uint16_t *wb;
     size_t ws; /* words between decoded rows */
-    int rg, rlast, nunits, k0, per, lead;
+    int rg, rlast, nunits;
 } side_decode;
 
 enum { SIDE_LEAD = 8 };
 
 INLINE void side_unit(const side_decode *sd, int u) {
     if (u >= sd->nunits) return;
-    const int rows = 16 / sd->per, step = 32 * sd->per, k = u / sd->per * step, q = u % sd->per;
-    q3_a8_decode_span(sd->wb + (size_t)q * rows * sd->ws + k, sd->ws, sd->W, sd->rg + q * rows, rows, sd->rlast, sd->k0 + k,
-                      sd->k0 + k + step);
+    const int half = u % 2, k = u / 2 * 64;
+    q3_a8_decode_span(sd->wb + (size_t)half * 8 * sd->ws + k, sd->ws, sd->W, sd->rg + half * 8, 8, sd->rlast, k, k + 64);
 }
 
 /* One k block: A (16 rows x 32 k) into tile TA, then for each part c
@@ -173,7 +170,8 @@ INLINE void side_unit(const side_decode *sd, int u) {
  * stored and loaded again, so a product split over k is bit for bit the
  * same). A alternates between tiles 4 and 5, so the next k block's rows
  * load while the last one's products run. sd: A is being decoded (NULL:
- * it is there); pf: the next panel, nkb * pfl lines (NULL: none). */
+ * it is there; only with kb0 = 0); pf: the next panel, pfl lines per k
+ * block (NULL: none). */
 INLINE void tiles_group(float *st, const uint16_t *A, size_t lda, const uint32_t *bp, size_t bs, int kb0, int kb1,
                         const int parts, const int n, const side_decode *sd, const char *pf, int pfl, int resume) {
     if (resume) {
@@ -189,15 +187,15 @@ INLINE void tiles_group(float *st, const uint16_t *A, size_t lda, const uint32_t
     }
     int kb = kb0;
     for (; kb + 1 < kb1; kb += 2) {
-        if (sd) side_unit(sd, kb - kb0 + sd->lead);
+        if (sd) side_unit(sd, kb + SIDE_LEAD);
         KBLOCK(4);
         kb++;
-        if (sd) side_unit(sd, kb - kb0 + sd->lead);
+        if (sd) side_unit(sd, kb + SIDE_LEAD);
         KBLOCK(5);
         kb--;
     }
     if (kb < kb1) {
-        if (sd) side_unit(sd, kb - kb0 + sd->lead);
+        if (sd) side_unit(sd, kb + SIDE_LEAD);
         KBLOCK(4);
     }
     _tile_stored(0, st, 64);
@@ -450,7 +448,7 @@ static int mx_tiles(float *out, size_t ldo, const uint32_t *ap, int T, const q3_
             for (size_t l = 0; l < 16 * nb; l += 64) _mm_prefetch((const char *)W->scales + (size_t)(rg + 16) * nb + l, _MM_HINT_T1);
         const int pfl = (int)(16 * eb / 64 / (size_t)nkb);
         /* rows past nr repeat the last one; their results are dropped */
-        const side_decode sd = {W, wbuf, ws, rg, rg + nr - 1, nkb, 0, 2, SIDE_LEAD};
+        const side_decode sd = {W, wbuf, ws, rg, rg + nr - 1, nkb};
         if (fp4) {
             for (int r = 0; r < 16; r++) q3_a8_decode_row(wbuf + (size_t)r * ws, W, rg + (r < nr ? r : nr - 1));
             panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, parts, NULL, pf, pfl);

@@ -423,12 +423,13 @@ static void prefetch_rows_at(const q3_mat *W, int r) {
     if (v.scales) q3_pf_lines(v.scales, 0, Q3_SC_PF_BYTES);
 }
 
-/* Rows [r0, r0 + nr) of a job (panels, or the rows of one-token jobs) by
- * the kernel other_kernel picks, in one call, or where none takes them
- * panel by panel (the panel GEMM, with the job's packed input tiles, or
- * NULL: the rows as stored). */
+/* Rows [r0, r0 + nr) of a job (panels, or the rows of one-token jobs):
+ * more than a panel by the kernel other_kernel picks, in one call, else
+ * (or where that hands them back) panel by panel, run_panel trying
+ * other_kernel first and then the panel GEMM (with the job's packed input
+ * tiles, or NULL: the rows as stored). */
 static void run_rows_any(const q3_mm_job *jb, const float *tiles, int r0, int nr) {
-    if (other_kernel(jb, r0, nr, 1)) return;
+    if (nr > Q3_NR && other_kernel(jb, r0, nr, 1)) return;
     for (int q = r0; q < r0 + nr; q += Q3_NR) run_panel(jb, tiles, q);
 }
 

@@ -411,6 +411,16 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
     free(el), free(sc), free(row), free(wf), free(x), free(out);
 }
 
+/* The AMX table, forced, or NULL (the last table forced again) where the
+ * CPU or the OS has no AMX tiles; what, to say when skipped. */
+static const q3_isa_kernels *amx_table(const char *what) {
+    q3_kernels_force(Q3_ISA_AMX);
+    if (q3_kernels_isa() == Q3_ISA_AMX) return q3_kernels_table();
+    if (what) printf("  (no AMX on this CPU: the %s skipped)\n", what);
+    q3_kernels_force(Q3_ISA_COUNT - 1);
+    return NULL;
+}
+
 /* The AMX broadcast GEMM on BF16 weights splits each fp32 input into three
  * bf16 parts; all three must reach the sums. Rows with one nonzero weight,
  * a power of two, make each output one product, exact in fp32: only the
@@ -419,13 +429,8 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
  * counts around the 16-token blocks and 4-block groups, K of one block and
  * past the weights prefetch distance. */
 static void test_amx_bf16_exact(void) {
-    q3_kernels_force(Q3_ISA_AMX);
-    const q3_isa_kernels *k = q3_kernels_table();
-    if (q3_kernels_isa() != Q3_ISA_AMX) {
-        printf("  (no AMX on this CPU: the AMX GEMM checks skipped)\n");
-        q3_kernels_force(Q3_ISA_COUNT - 1);
-        return;
-    }
+    const q3_isa_kernels *k = amx_table("AMX GEMM checks");
+    if (!k) return;
     const int Ks[] = {32, 96, 2048}, Ts[] = {1, 5, 16, 17, 64, 65, 128};
     const int M = 37;
     for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
@@ -463,12 +468,8 @@ static void test_amx_bf16_exact(void) {
  * the first 8 at K = 2048), token counts around the 16-token blocks, a
  * partial last panel; and a panel whose scales do not fold is handed back. */
 static void test_amx_wo_exact(void) {
-    q3_kernels_force(Q3_ISA_AMX);
-    const q3_isa_kernels *k = q3_kernels_table();
-    if (q3_kernels_isa() != Q3_ISA_AMX) {
-        q3_kernels_force(Q3_ISA_COUNT - 1);
-        return; /* (test_amx_bf16_exact says so) */
-    }
+    const q3_isa_kernels *k = amx_table(NULL); /* (test_amx_bf16_exact says when skipped) */
+    if (!k) return;
     enum { M = 37, K = 2048 };
     const q3_dtype wts[] = {Q3_MXFP4, Q3_MXFP8};
     const int Ts[] = {13, 16, 17, 64, 65, 128};
@@ -536,12 +537,8 @@ static void random_mx_rows(q3_dtype wt, int M, int K, int every, float peak, uin
  * chunk shorter than the others (K = 2176), a group and a panel cut short
  * (M = 200). */
 static void test_amx_chunked_panels(void) {
-    q3_kernels_force(Q3_ISA_AMX);
-    const q3_isa_kernels *k = q3_kernels_table();
-    if (q3_kernels_isa() != Q3_ISA_AMX) {
-        q3_kernels_force(Q3_ISA_COUNT - 1);
-        return; /* (test_amx_bf16_exact says so) */
-    }
+    const q3_isa_kernels *k = amx_table(NULL); /* (test_amx_bf16_exact says when skipped) */
+    if (!k) return;
     enum { M = 200 };
     const int Ks[] = {768, 2176}, Ts[] = {5, 16, 17, 33, 50, 64, 65, 100, 128};
     const q3_dtype wts[] = {Q3_MXFP4, Q3_MXFP8};
@@ -594,11 +591,11 @@ static void test_amx_i8_matches_vnni(void) {
     q3_kernels_force(Q3_ISA_AVX512);
     const q3_isa_kernels kv = *q3_kernels_table();
     const int have_vnni = q3_kernels_isa() == Q3_ISA_AVX512 && kv.gemm_i8;
-    q3_kernels_force(Q3_ISA_AMX);
-    const q3_isa_kernels *ka = q3_kernels_table();
-    if (q3_kernels_isa() != Q3_ISA_AMX || !have_vnni || ka->gemm_i8 == kv.gemm_i8) {
+    const q3_isa_kernels *ka = amx_table(NULL);
+    if (!ka) return;
+    if (!have_vnni || ka->gemm_i8 == kv.gemm_i8) { /* (no AMX-INT8 kernel on this CPU) */
         q3_kernels_force(Q3_ISA_COUNT - 1);
-        return; /* (no AMX-INT8 kernel on this CPU) */
+        return;
     }
     enum { M = 37 };
     const int Ks[] = {192, 2048}, Ts[] = {7, 16, 33, 100, 128};
@@ -1041,12 +1038,7 @@ static void test_attention_tiles(void) {
  * the scalar kernels on every row and double precision on sampled rows,
  * and 1 against 2 threads bit for bit. */
 static void test_attention_tile_products(void) {
-    q3_kernels_force(Q3_ISA_AMX);
-    if (q3_kernels_isa() != Q3_ISA_AMX) {
-        printf("  (no AMX on this CPU: the attention tile checks skipped)\n");
-        q3_kernels_force(Q3_ISA_COUNT - 1);
-        return;
-    }
+    if (!amx_table("attention tile checks")) return;
     static const int cases[][5] = {/* H, KVH, D, T, pos0 */ {8, 1, 128, 600, 0}, {8, 1, 128, 197, 440}, {4, 2, 64, 530, 0}};
     enum { N = 640 };
     const int max_threads = omp_get_max_threads(), nthr = max_threads < 2 ? 2 : max_threads;
