@@ -13,8 +13,21 @@
 /* Dwords of one tile. */
 enum { Q3_TILE_DW = 256 };
 
-/* Loads the tile shapes into the calling thread's tile registers (the
- * first call on each thread; Linux grants the state per process). */
+/* A tile configuration (LDTILECFG's 64 bytes). Keep each in a static
+ * object: GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes,
+ * so stores to a stack copy could be dropped (a #GP). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) q3_tile_config;
+
+/* Loads cfg into the calling thread's tile registers unless it is the one
+ * they hold (Linux grants the tile state per process; each thread loads
+ * its shapes). */
+void q3_amx_tiles_load(const q3_tile_config *cfg);
+
+/* The shapes of the bf16 GEMMs and attention: every tile 16 rows of 64 bytes. */
 void q3_amx_tiles_on(void);
 
 /* T rows of K fp32 (ldx apart) as B tiles of three bf16 parts each:

@@ -58,27 +58,21 @@ int q3_amx_usable(void) {
 
 /* Tiles 0-3: C (up to four token blocks); 4 and 5: A (alternating k
  * blocks); 6 and 7: B. All 16 rows of 64 bytes. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) tile_config;
-
-static _Thread_local int t_tiles_on;
-
-/* A static object: GCC 12's _tile_loadconfig tells the compiler it reads
- * 8 bytes, so stores to a stack copy could be dropped (a #GP here). */
-static const tile_config g_tile_config = {
+static const q3_tile_config g_tile_config = {
     .palette = 1,
     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
 
-void q3_amx_tiles_on(void) {
-    if (t_tiles_on) return;
-    _tile_loadconfig(&g_tile_config);
-    t_tiles_on = 1;
+static _Thread_local const q3_tile_config *t_loaded;
+
+void q3_amx_tiles_load(const q3_tile_config *cfg) {
+    if (t_loaded == cfg) return;
+    _tile_loadconfig(cfg);
+    t_loaded = cfg;
 }
+
+void q3_amx_tiles_on(void) { q3_amx_tiles_load(&g_tile_config); }
 
 /* q3_amx_tile_flops's operands (bf16 ones and halves) and per-thread results. */
 static const uint16_t g_bench_operand[16 * 32] = {[0 ... 16 * 32 - 1] = 0x3f00};
@@ -481,9 +475,9 @@ static int amx_gemm_wo(float *out, size_t ldo, const uint32_t *ap, int T, const 
  * row's sums are converted and added times the input factor times the
  * row factor, in block order: the VNNI kernel's operations on the same
  * integers, so its results bit for bit. The tiles take their own shapes
- * (A 32 bytes wide, B 8 rows): the configuration is loaded for the call,
- * and the next tile kernel loads the default one again. */
-static const tile_config g_i8_config = {
+ * (A 32 bytes wide, B 8 rows), loaded where the thread's tiles hold
+ * other ones. */
+static const q3_tile_config g_i8_config = {
     .palette = 1,
     .colsb = {64, 64, 64, 64, 32, 32, 64, 64},
     .rows = {16, 16, 16, 16, 16, 16, 8, 8},
@@ -562,8 +556,7 @@ static void i8_panel(float *out, size_t ldo, const uint32_t *ap, const float *fs
 
 static void amx_gemm_i8(float *out, size_t ldo, const uint32_t *ap, const float *fs, int T, const q3_mat *W, int r0, int r1,
                         void *wbuf) {
-    _tile_loadconfig(&g_i8_config);
-    t_tiles_on = 0; /* the next tile kernel loads the default shapes again */
+    q3_amx_tiles_load(&g_i8_config);
     for (int rg = r0; rg < r1; rg += Q3_NR)
         i8_panel(out + (rg - r0), ldo, ap, fs, T, W, rg, r1 - rg < Q3_NR ? r1 - rg : Q3_NR, wbuf);
 }
@@ -595,12 +588,14 @@ double q3_amx_tile_flops(long n) {
 }
 
 /* The A8 GEMVs of the AMX table: MXFP4 rows take the fp32 MX GEMV of the
- * AVX-512 table (AVX2's decoders and FMAs on a permuted fp32 copy), MXFP8
- * rows the bf16 one. On the AMX Xeon measured VDPBF16PS ran at a quarter
- * of the FMAs' rate: q30b8 W4A8 decode, experts 12.4 / 12.7 ms per token
- * with the bf16 GEMV, 9.0 / 9.6 with the fp32 one (its MXFP8 attention
- * and lm_head were even or slower). The copy a8_prep makes, the GEMV that
- * reads it and the tokens GEMV follow the weights' dtype together. */
+ * AVX-512 table (VPERMPS decoding and FMAs on a permuted fp32 copy), MXFP8
+ * rows the bf16 one. On the AMX Xeon measured, q30b8 W4A8 decode, experts
+ * per token: 7.47 / 7.53 ms with the fp32 GEMV, 7.58 / 7.65 with the bf16
+ * one (12.4 / 12.7 before the bf16 GEMV's row tails stopped making
+ * subnormal scales; its MXFP8 attention and lm_head were even or slower).
+ * An exact integer GEMV on AMX-INT8 tiles ran slower than either
+ * (BENCHMARKS.md). The copy a8_prep makes, the GEMV that reads it and the
+ * tokens GEMV follow the weights' dtype together. */
 static struct {
     void (*bf16_prep)(void *, const float *, int, q3_dtype), (*mx_prep)(void *, const float *, int, q3_dtype);
     void (*bf16_gemv)(float *, const void *, const q3_mat *, int, int), (*mx_gemv)(float *, const void *, const q3_mat *, int, int);
