@@ -121,6 +121,8 @@ void q3_add_rmsnorm_mx(float *x, const float *delta, const float *w, float *out,
  * (q3_mx_fake_quant_row, bit for bit, by the fastest kernel): the A8 input
  * of a quantized linear. -1, writing nothing, when x holds NaN/Inf. */
 int q3_act_mx(q3_dtype act, const float *x, size_t n, float *y);
+/* y[i] += a * x[i] (the fastest kernel: fused multiply-adds where the CPU has them). */
+void q3_axpy(float *y, float a, const float *x, int n);
 /* out[i] = silu(gate[i]) * up[i] */
 void q3_swiglu(float *out, const float *gate, const float *up, int n);
 /* In-place softmax over n values. */

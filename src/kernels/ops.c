@@ -71,6 +71,8 @@ int q3_act_mx(q3_dtype act, const float *x, size_t n, float *y) {
     return q3_mx_fake_quant_row(act, x, n, y);
 }
 
+void q3_axpy(float *y, float a, const float *x, int n) { q3_isa_current()->axpy(y, a, x, n); }
+
 void q3_swiglu(float *out, const float *gate, const float *up, int n) {
     const q3_isa_kernels *k = q3_isa_current();
     if (k->swiglu) {

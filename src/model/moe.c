@@ -125,7 +125,7 @@ static void local_partial(const q3_model *m, const q3_layer *L, q3_state *s, int
             const int pair = t * K + j, at = s->perm_inv[pair];
             if (at < p0 || at >= p1) continue;
             const float w = s->topk_w[pair], *o = s->h_out + (size_t)at * H;
-            for (int h = 0; h < H; h++) y[h] += w * o[h];
+            q3_axpy(y, w, o, H);
         }
     }
 }
@@ -227,7 +227,7 @@ static float *alltoall_exchange(const q3_model *m, const q3_layer *L, q3_state *
         memset(yt, 0, (size_t)H * sizeof(float));
         for (int j = 0; j < K; j++) {
             const float w = s->topk_w[t * K + j], *o = s->a2a_recv + (size_t)s->a2a_pos[t * K + j] * H;
-            for (int h = 0; h < H; h++) yt[h] += w * o[h];
+            q3_axpy(yt, w, o, H);
         }
     }
     /* moe_tp peers hold the same EP rank, hence the same tokens: they skip together. */
@@ -330,7 +330,7 @@ void q3_moe_forward(const q3_model *m, const q3_layer *L, q3_state *s, int T, in
         for (int j = 0; j < K; j++) {
             const int pair = t * K + j;
             const float w = s->topk_w[pair], *o = s->h_out + (size_t)s->perm_inv[pair] * H;
-            for (int h = 0; h < H; h++) x[h] += w * o[h];
+            q3_axpy(x, w, o, H);
         }
     }
 }
