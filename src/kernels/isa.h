@@ -268,6 +268,9 @@ int q3_amx_usable(void);
 void q3_amx_kernels(q3_isa_kernels *k);
 /* Floats of one KV head packed for the tile products (att_pack_kv), npad keys. */
 static inline size_t q3_att_kv_floats(int npad, int D) { return (size_t)3 * D * (size_t)npad; }
+/* gemm_amx_i8.c: the AMX table's integer GEMM (i8_pack_act, gemm_i8) where
+ * the CPU has AMX-INT8 and k the VNNI one, whose packing it extends. */
+void q3_amx_i8_kernels(q3_isa_kernels *k);
 /* attention_amx.c: the att_pack_kv, att_pack_q, att_scores and att_pv of the AMX table. */
 void q3_amx_attention_kernels(q3_isa_kernels *k);
 /* n tile products (TDPBF16PS, operands in the tile registers: no memory
