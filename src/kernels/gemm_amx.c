@@ -27,7 +27,7 @@
  * Linux gives the 8 KiB of tile registers only to a process that asks
  * (arch_prctl, Linux 5.16 on); each thread loads the tile shapes once. */
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,amx-tile,amx-bf16,amx-int8")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,amx-tile,amx-bf16")
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>

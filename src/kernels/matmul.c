@@ -310,6 +310,12 @@ static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
 /* Weight-only MXFP4 / MXFP8 products on the table's gemm_wo (AMX tiles). */
 static int wo_takes(const q3_mat *W) { return g_k->gemm_wo && !W->a8 && mx_shape_ok(W, Q3_LANE_KMAX); }
 
+/* Most tokens the lane GEMMs (gemm_bc, gemm_wo) take in one pass. */
+static int lane_most(void) { return g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS; }
+
+/* The weight-only tile GEMM takes this job's products. */
+static int wo_gemm_ok(const q3_mm_job *jb) { return wo_takes(jb->W) && jb->T >= g_k->bc_min_t && jb->T <= lane_most(); }
+
 /* Bytes of the lane GEMMs' packed fp32 input per token for W: fp32 lanes
  * (gemm_bc), or bf16 parts (BF16 weights on the AMX tiles, and gemm_wo). */
 static size_t bc_token_bytes(const q3_mat *W) {
@@ -362,10 +368,9 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
                      : pg == PG_A8      ? g_k->a8_tokens_t
                                         : g_k->tokens_t;
     if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && pg != PG_NONE) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
-    const int lane_most = g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS;
     /* weight-only MX on the tiles; rows whose scales do not fold go on to the broadcast GEMM */
-    if (jb->T <= lane_most && jb->T >= g_k->bc_min_t && wo_takes(W) && (!run || run_gemm_wo(jb, r0, nr))) return 1;
-    if (jb->T <= lane_most && (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
+    if (wo_gemm_ok(jb) && (!run || run_gemm_wo(jb, r0, nr))) return 1;
+    if (jb->T <= lane_most() && (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
         TAKE(run_gemm_bc(jb, r0, nr));
     if (jb->T <= g_k->small_t && g_k->gemm_small && !q3_dtype_is_mx(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 &&
         nr % 2 == 0)
@@ -461,9 +466,7 @@ static void run_glu(const q3_mm_job *jb, const float *tiles, int r0, int nr) {
  * (mx_panels). */
 static void run_job_panels(const q3_mm_job *jb, const float *tiles, int q0, int q1) {
     const int rows = jb->W->rows, r1 = q1 * Q3_NR < rows ? q1 * Q3_NR : rows;
-    const int lane_most = g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS;
-    if (g_k->mx_panels && q1 - q0 > 1 &&
-        (a8_gemm_ok(jb) || (wo_takes(jb->W) && jb->T >= g_k->bc_min_t && jb->T <= lane_most))) {
+    if (g_k->mx_panels && q1 - q0 > 1 && (a8_gemm_ok(jb) || wo_gemm_ok(jb))) {
         if (jb->up) run_glu(jb, tiles, q0 * Q3_NR, r1 - q0 * Q3_NR);
         else run_rows_any(jb, tiles, q0 * Q3_NR, r1 - q0 * Q3_NR);
         return;
