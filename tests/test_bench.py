@@ -402,28 +402,29 @@ def test_asan_smoke(model, tmp_path):
     assert json.loads(out.read_text())["decode"]["weight_bytes_per_token"] == expected_decode_bytes(model)
 
 
-def test_gemv_prefetch_choice(model, tmp_path):
+@pytest.mark.parametrize("var,off,on,suffix", [("Q3MOE_GEMV_PREFETCH", "sw", "hw", "+hwpf"),
+                                               ("Q3MOE_PREFETCH_TO", "l1", "l2", "+pfl2")])
+def test_gemv_prefetch_choice(model, tmp_path, var, off, on, suffix):
     """Q3MOE_GEMV_PREFETCH=sw|hw picks the SIMD plain GEMV (the kernels name
-    ends in +hwpf for hw), anything else is named on stderr and ignored, and
-    decode logits are the same bits either way."""
+    ends in +hwpf for hw), Q3MOE_PREFETCH_TO=l1|l2 the cache the GEMVs
+    prefetch into (+pfl2 for l2); anything else is named on stderr and
+    ignored, and decode logits are the same bits either way."""
     def kernels(value):
         out = tmp_path / f"m_{value}.json"
-        p = run([Q3MOE, "bench", "--membw", "--membw-mb", "8", "-t", "1", "--json", out],
-                env={**os.environ, "Q3MOE_GEMV_PREFETCH": value})
+        p = run([Q3MOE, "bench", "--membw", "--membw-mb", "8", "-t", "1", "--json", out], env={**os.environ, var: value})
         return json.loads(out.read_text())["machine"]["kernels"], p.stderr
 
-    sw, _ = kernels("sw")
-    hw, _ = kernels("hw")
-    assert not sw.endswith("+hwpf")
-    assert hw == (sw if sw == "scalar" else sw + "+hwpf")
+    without, _ = kernels(off)
+    with_, _ = kernels(on)
+    assert suffix not in without
+    assert with_ == without if without == "scalar" else (suffix in with_ and with_.replace(suffix, "") == without)
     _, err = kernels("sometimes")
-    assert "Q3MOE_GEMV_PREFETCH=sometimes" in err and "sw or hw" in err
+    assert f"{var}=sometimes" in err and f"{off} or {on}" in err
 
     ids = ",".join(str(i) for i in range(3, 40, 3))
     logits = {}
-    for value in ("sw", "hw"):
+    for value in (off, on):
         out = tmp_path / f"logits_{value}.bin"
-        run([Q3MOE, "logits", "-m", model, "--ids", ids, "--prefill", "2", "-o", out],
-            env={**os.environ, "Q3MOE_GEMV_PREFETCH": value})
+        run([Q3MOE, "logits", "-m", model, "--ids", ids, "--prefill", "2", "-o", out], env={**os.environ, var: value})
         logits[value] = out.read_bytes()
-    assert len(logits["sw"]) > 0 and logits["sw"] == logits["hw"]
+    assert len(logits[off]) > 0 and logits[off] == logits[on]

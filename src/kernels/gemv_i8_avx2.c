@@ -156,10 +156,10 @@ INLINE __m256 dot_i8(const uint8_t *w, const int8_t *a) {
 }
 
 INLINE float row_i8(const uint8_t *el, const uint8_t *sc, int nb, const int8_t *a, const float *fs, const float *wtab,
-                    size_t pf) {
+                    size_t pf, const int l2) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     for (int b = 0; b < nb; b += 2) {
-        _mm_prefetch((const char *)el + (size_t)b * 32 + pf, _MM_HINT_T0);
+        q3_pf_line((const char *)el + (size_t)b * 32 + pf, l2);
         const __m256 d0 = dot_i8(el + (size_t)b * 32, a + (size_t)b * 32);
         const __m256 d1 = dot_i8(el + (size_t)b * 32 + 32, a + (size_t)b * 32 + 32);
         acc0 = _mm256_fmadd_ps(d0, _mm256_set1_ps(wtab[sc[b]] * fs[b]), acc0);
@@ -223,14 +223,14 @@ INLINE __m256i pair_sums(__m256i p, __m256i q) {
  * and scaled once. Returns 0 (out unset) for a row with scale codes 0 or
  * 255, which row_fp4 then computes. */
 INLINE int row_fp4_grouped(float *out, const uint8_t *el, const uint8_t *sc, int nb, const uint8_t *ua, const uint8_t *sx,
-                           const float *fs, const float *fg, const float *wtab, size_t pf) {
+                           const float *fs, const float *fg, const float *wtab, size_t pf, const int l2) {
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
     __m256 acc = _mm256_setzero_ps();
     __m128i lo = _mm_set1_epi8(-1), hi = _mm_setzero_si128(); /* the codes' range */
     int b = 0;
     for (; b + 8 <= nb; b += 8) {
-        _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
-        _mm_prefetch((const char *)el + (size_t)b * 16 + 64 + pf, _MM_HINT_T0);
+        q3_pf_line((const char *)el + (size_t)b * 16 + pf, l2);
+        q3_pf_line((const char *)el + (size_t)b * 16 + 64 + pf, l2);
         const uint8_t *e = el + (size_t)b * 16, *s = sx + (size_t)b * 16, *u = ua + (size_t)b * 32;
         const __m256i x0 = fp4_signed(e, s), x1 = fp4_signed(e + 32, s + 32);
         const __m256i x2 = fp4_signed(e + 64, s + 64), x3 = fp4_signed(e + 96, s + 96);
@@ -250,12 +250,12 @@ INLINE int row_fp4_grouped(float *out, const uint8_t *el, const uint8_t *sc, int
 /* Four blocks per iteration into two accumulators (their FMA latencies
  * overlap), no branch inside. */
 INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const uint8_t *ua, const uint8_t *sx, const float *fs,
-                     const float *wtab, size_t pf) {
+                     const float *wtab, size_t pf, const int l2) {
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
-        _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
+        q3_pf_line((const char *)el + (size_t)b * 16 + pf, l2);
         acc0 = step_fp4(acc0, el, sc, b, ua, sx, fs, wtab, lut);
         acc1 = step_fp4(acc1, el, sc, b + 2, ua, sx, fs, wtab, lut);
     }
@@ -263,7 +263,8 @@ INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const uint8_t
     return hsum(_mm256_add_ps(acc0, acc1));
 }
 
-void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1) {
+/* l2: the prefetch level (prefetch.h). */
+INLINE void gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1, const int l2) {
     const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     const size_t eb = q3_mx_elem_bytes(W->dtype, (size_t)K);
     const float *wtab = q3_mx_scale_table(W->dtype), *fs = fs_of((void *)xq, K, W->dtype);
@@ -271,9 +272,14 @@ void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1
     const size_t pf = Q3_PF_WEIGHTS, spf = q3_pf_scales((size_t)nb);
     for (int r = r0; r < r1; r++) {
         const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
-        _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
-        if (fp4 && row_fp4_grouped(&out[r - r0], e, s, nb, xq, (const uint8_t *)xq + K, fs, fs + K / 8, wtab, pf)) continue;
-        out[r - r0] = fp4 ? row_fp4(e, s, nb, xq, (const uint8_t *)xq + K, fs, wtab, pf) : row_i8(e, s, nb, xq, fs, wtab, pf);
+        q3_pf_line((const char *)s + spf, l2);
+        if (fp4 && row_fp4_grouped(&out[r - r0], e, s, nb, xq, (const uint8_t *)xq + K, fs, fs + K / 8, wtab, pf, l2)) continue;
+        out[r - r0] = fp4 ? row_fp4(e, s, nb, xq, (const uint8_t *)xq + K, fs, wtab, pf, l2) : row_i8(e, s, nb, xq, fs, wtab, pf, l2);
     }
+}
+
+void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1) {
+    if (q3_pf_to_l2) gemv_i8(out, xq, W, r0, r1, 1);
+    else gemv_i8(out, xq, W, r0, r1, 0);
 }
 #pragma GCC pop_options

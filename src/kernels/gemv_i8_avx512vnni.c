@@ -164,7 +164,7 @@ INLINE int odd_codes(__m128i lo, __m128i hi, int n) {
  * greatest code go to *lo / *hi. 1: the factors from the table (codes 0
  * and 255 too). */
 INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const uint8_t *ua, const uint8_t *sx, const float *fg,
-                     const float *wtab, size_t pf, __m128i *lo, __m128i *hi, const int exact_codes) {
+                     const float *wtab, size_t pf, __m128i *lo, __m128i *hi, const int exact_codes, const int l2) {
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
     __m512 acc = _mm512_setzero_ps();
     for (int b = 0; b < nb; b += 16) {
@@ -174,7 +174,7 @@ INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const uint8_t
         for (int g = 0; g < 4; g++) {
             const size_t k = (size_t)(b + 4 * g) * 32; /* the group's first element */
             if (g < ng) {
-                if (!exact_codes) _mm_prefetch((const char *)el + k / 2 + pf, _MM_HINT_T0);
+                if (!exact_codes) q3_pf_line((const char *)el + k / 2 + pf, l2);
                 v[g] = group_dot(el + k / 2, sx + k / 2, ua + k, lut);
             } else {
                 v[g] = _mm512_setzero_si512();
@@ -193,7 +193,7 @@ INLINE float row_fp4(const uint8_t *el, const uint8_t *sc, int nb, const uint8_t
  * 2 j + 1) added: lane int8_lane(j) holds block j, lanes 4-7 and 12-15
  * copies (their factors are zero). */
 INLINE float row_int8(const uint8_t *el, const uint8_t *sc, int nb, const int8_t *a, const float *fg, const float *corr,
-                      const float *wtab, size_t pf, __m128i *lo, __m128i *hi, const int exact_codes) {
+                      const float *wtab, size_t pf, __m128i *lo, __m128i *hi, const int exact_codes, const int l2) {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m128i order = _mm_setr_epi8(0, 2, 4, 6, -1, -1, -1, -1, 1, 3, 5, 7, -1, -1, -1, -1);
     __m512 acc = _mm512_setzero_ps();
@@ -202,7 +202,7 @@ INLINE float row_int8(const uint8_t *el, const uint8_t *sc, int nb, const int8_t
 #pragma GCC unroll 4
         for (int m = 0; m < 4; m++) {
             const size_t k = (size_t)(b + 2 * m) * 32;
-            if (!exact_codes) _mm_prefetch((const char *)el + k + pf, _MM_HINT_T0);
+            if (!exact_codes) q3_pf_line((const char *)el + k + pf, l2);
             v[m] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(_mm512_loadu_si512(el + k), flip),
                                        _mm512_loadu_si512(a + k));
         }
@@ -228,7 +228,8 @@ INLINE float row_int8(const uint8_t *el, const uint8_t *sc, int nb, const int8_t
  * is one operation per group, where this form adds two VPDPBUSD and a
  * subtraction, worth it only when several tokens share them.) */
 INLINE void row_fp4_tokens(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const uint8_t *xq, size_t xs,
-                           const float *wtab, size_t pf, __m128i *lo, __m128i *hi, const int TB, const int exact_codes) {
+                           const float *wtab, size_t pf, __m128i *lo, __m128i *hi, const int TB, const int exact_codes,
+                           const int l2) {
     const int K = nb * 32;
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q3_e2m1_x2));
     const __m512i m4 = _mm512_set1_epi8(0x0f), c128 = _mm512_set1_epi8((char)0x80);
@@ -242,7 +243,7 @@ INLINE void row_fp4_tokens(float *out, size_t ldo, const uint8_t *el, const uint
         for (int g = 0; g < 4; g++) {
             const size_t k = (size_t)(b + 4 * g) * 32;
             if (g < ng) {
-                if (!exact_codes) _mm_prefetch((const char *)el + k / 2 + pf, _MM_HINT_T0);
+                if (!exact_codes) q3_pf_line((const char *)el + k / 2 + pf, l2);
                 const __m512i x = _mm512_loadu_si512(el + k / 2);
                 const __m512i wl = _mm512_shuffle_epi8(lut, _mm512_and_si512(x, m4));
                 const __m512i wh = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(x, 4), m4));
@@ -272,10 +273,10 @@ INLINE void row_fp4_tokens(float *out, size_t ldo, const uint8_t *el, const uint
 }
 
 INLINE void row_tokens(float *out, size_t ldo, const uint8_t *e, const uint8_t *s, int nb, const uint8_t *xq, size_t xs,
-                       const float *wtab, size_t pf, const int TB) {
+                       const float *wtab, size_t pf, const int TB, const int l2) {
     __m128i lo = _mm_set1_epi8(-1), hi = _mm_setzero_si128();
-    row_fp4_tokens(out, ldo, e, s, nb, xq, xs, wtab, pf, &lo, &hi, TB, 0);
-    if (odd_codes(lo, hi, 16)) row_fp4_tokens(out, ldo, e, s, nb, xq, xs, wtab, pf, &lo, &hi, TB, 1);
+    row_fp4_tokens(out, ldo, e, s, nb, xq, xs, wtab, pf, &lo, &hi, TB, 0, l2);
+    if (odd_codes(lo, hi, 16)) row_fp4_tokens(out, ldo, e, s, nb, xq, xs, wtab, pf, &lo, &hi, TB, 1, l2);
 }
 
 void q3_avx512vnni_gemv_i8_tokens(float *out, size_t ldo, const void *xq, size_t xs, int T, const q3_mat *W, int r0, int r1) {
@@ -283,46 +284,50 @@ void q3_avx512vnni_gemv_i8_tokens(float *out, size_t ldo, const void *xq, size_t
     const size_t eb = q3_mx_elem_bytes(Q3_MXFP4, (size_t)K), pf = Q3_PF_WEIGHTS, spf = q3_pf_scales((size_t)nb);
     const float *wtab = q3_mx_scale_table(Q3_MXFP4);
     const uint8_t *el = W->data, *sc = W->scales;
+    const int l2 = q3_pf_to_l2; /* a runtime test: 1-4 tokens share each prefetch */
     /* Token blocks outside, as gemv_mx_avx512.c's: a block's copies stay in L1 while the rows pass. */
     for (int t0 = 0; t0 < T; t0 += 4)
         for (int r = r0; r < r1; r++) {
             const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
-            _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
+            q3_pf_line((const char *)s + spf, l2);
             const uint8_t *x0 = (const uint8_t *)xq + (size_t)t0 * xs;
             float *o = out + (size_t)t0 * ldo + (r - r0);
             switch (T - t0 < 4 ? T - t0 : 4) {
-            case 1: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 1); break;
-            case 2: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 2); break;
-            case 3: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 3); break;
-            default: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 4); break;
+            case 1: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 1, l2); break;
+            case 2: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 2, l2); break;
+            case 3: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 3, l2); break;
+            default: row_tokens(o, ldo, e, s, nb, x0, xs, wtab, pf, 4, l2); break;
             }
         }
 }
 
-void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1) {
+/* l2: the prefetch level (prefetch.h). */
+INLINE void gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1, const int l2) {
     const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
-    if (!fits(K, W->dtype)) {
-        q3_avx2_gemv_i8(out, xq, W, r0, r1);
-        return;
-    }
     const size_t eb = q3_mx_elem_bytes(W->dtype, (size_t)K);
     const float *wtab = q3_mx_scale_table(W->dtype), *fg = fg_of(xq, K, W->dtype);
     const uint8_t *el = W->data, *sc = W->scales, *ua = xq, *sx = ua + K;
     const size_t pf = Q3_PF_WEIGHTS, spf = q3_pf_scales((size_t)nb);
     for (int r = r0; r < r1; r++) {
         const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
-        _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
+        q3_pf_line((const char *)s + spf, l2);
         __m128i lo = _mm_set1_epi8(-1), hi = _mm_setzero_si128();
         /* a second pass for codes 0 and 255 (not normal floats), as the table has them */
         if (fp4) {
-            out[r - r0] = row_fp4(e, s, nb, ua, sx, fg, wtab, pf, &lo, &hi, 0);
-            if (odd_codes(lo, hi, 16)) out[r - r0] = row_fp4(e, s, nb, ua, sx, fg, wtab, pf, &lo, &hi, 1);
+            out[r - r0] = row_fp4(e, s, nb, ua, sx, fg, wtab, pf, &lo, &hi, 0, l2);
+            if (odd_codes(lo, hi, 16)) out[r - r0] = row_fp4(e, s, nb, ua, sx, fg, wtab, pf, &lo, &hi, 1, l2);
         } else {
             const int8_t *a = xq;
             const float *corr = fg + K / 16;
-            out[r - r0] = row_int8(e, s, nb, a, fg, corr, wtab, pf, &lo, &hi, 0);
-            if (odd_codes(lo, hi, 8)) out[r - r0] = row_int8(e, s, nb, a, fg, corr, wtab, pf, &lo, &hi, 1);
+            out[r - r0] = row_int8(e, s, nb, a, fg, corr, wtab, pf, &lo, &hi, 0, l2);
+            if (odd_codes(lo, hi, 8)) out[r - r0] = row_int8(e, s, nb, a, fg, corr, wtab, pf, &lo, &hi, 1, l2);
         }
     }
+}
+
+void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1) {
+    if (!fits(W->cols, W->dtype)) q3_avx2_gemv_i8(out, xq, W, r0, r1);
+    else if (q3_pf_to_l2) gemv_i8(out, xq, W, r0, r1, 1);
+    else gemv_i8(out, xq, W, r0, r1, 0);
 }
 #pragma GCC pop_options

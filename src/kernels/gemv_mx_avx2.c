@@ -138,12 +138,12 @@ enum { TOKENS_MAX = Q3_CONST_TOKENS_MAX };
  * their order do not depend on T, so every token's result is bit for bit
  * the one-token GEMV's. */
 INLINE void row_fp8(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const float *xb, size_t xs,
-                    size_t pf, const int T) {
+                    size_t pf, const int T, const int l2) {
     __m256 acc[TOKENS_MAX][2];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        if (b & 1) _mm_prefetch((const char *)el + (size_t)b * 32 + pf, _MM_HINT_T0);
+        if (b & 1) q3_pf_line((const char *)el + (size_t)b * 32 + pf, l2);
         __m256 f[4];
         fp8x32(el + (size_t)b * 32, f);
         const __m256 s = _mm256_broadcast_ss(g_copy8 + sc[b]);
@@ -162,12 +162,12 @@ INLINE void row_fp8(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc
 }
 
 INLINE void row_fp4(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const float *xb, size_t xs,
-                    __m256i lut_hi, __m256i lut_lo, size_t pf, const int T) {
+                    __m256i lut_hi, __m256i lut_lo, size_t pf, const int T, const int l2) {
     __m256 acc[TOKENS_MAX][2];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b += 2) {
-        if (b & 2) _mm_prefetch((const char *)el + (size_t)b * 16 + pf, _MM_HINT_T0);
+        if (b & 2) q3_pf_line((const char *)el + (size_t)b * 16 + pf, l2);
         __m256 f[8];
         fp4x64(el + (size_t)b * 16, lut_hi, lut_lo, f);
         const __m256 s = _mm256_set_m128(_mm_broadcast_ss(g_scale4 + sc[b + 1]), _mm_broadcast_ss(g_scale4 + sc[b]));
@@ -212,8 +212,10 @@ void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst) {
     }
 }
 
-/* Rows r0 .. r1 against T copies xs floats apart (T constant). */
-INLINE void gemv_t(float *out, size_t ldo, const float *xb, size_t xs, const q3_mat *W, int r0, int r1, const int T) {
+/* Rows r0 .. r1 against T copies xs floats apart (T constant), l2 the
+ * prefetch level (prefetch.h). */
+INLINE void gemv_t(float *out, size_t ldo, const float *xb, size_t xs, const q3_mat *W, int r0, int r1, const int T,
+                   const int l2) {
     pthread_once(&g_once, init_tables);
     const int K = W->cols, nb = K / 32, fp4 = W->dtype == Q3_MXFP4;
     const size_t eb = fp4 ? (size_t)K / 2 : (size_t)K;
@@ -223,13 +225,16 @@ INLINE void gemv_t(float *out, size_t ldo, const float *xb, size_t xs, const q3_
                   lut_lo = _mm256_loadu_si256((const __m256i *)g_fp4_lo);
     for (int r = r0; r < r1; r++) {
         const uint8_t *e = el + (size_t)r * eb, *s = sc + (size_t)r * nb;
-        _mm_prefetch((const char *)s + spf, _MM_HINT_T0);
-        if (fp4) row_fp4(out + r - r0, ldo, e, s, nb, xb, xs, lut_hi, lut_lo, pf, T);
-        else row_fp8(out + r - r0, ldo, e, s, nb, xb, xs, pf, T);
+        q3_pf_line((const char *)s + spf, l2);
+        if (fp4) row_fp4(out + r - r0, ldo, e, s, nb, xb, xs, lut_hi, lut_lo, pf, T, l2);
+        else row_fp8(out + r - r0, ldo, e, s, nb, xb, xs, pf, T, l2);
     }
 }
 
-void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1) { gemv_t(out, 0, xb, 0, W, r0, r1, 1); }
+void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1) {
+    if (q3_pf_to_l2) gemv_t(out, 0, xb, 0, W, r0, r1, 1, 1);
+    else gemv_t(out, 0, xb, 0, W, r0, r1, 1, 0);
+}
 
 void q3_avx2_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1) {
     const size_t w = xs / sizeof(float);
@@ -237,7 +242,7 @@ void q3_avx2_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, i
         float *o = out + (size_t)t0 * ldo;
         const float *x = (const float *)xb + (size_t)t0 * w;
         const int n = T - t0 < TOKENS_MAX ? T - t0 : TOKENS_MAX;
-#define GROUP(N) gemv_t(o, ldo, x, w, W, r0, r1, N)
+#define GROUP(N) gemv_t(o, ldo, x, w, W, r0, r1, N, q3_pf_to_l2) /* 2-8 tokens share each prefetch */
         Q3_CONST_TOKENS(n, GROUP);
 #undef GROUP
     }

@@ -45,7 +45,8 @@ void q3_avx512_mx_prep(void *xbv, const float *x, int K, q3_dtype wt) {
  * 2048 MXFP4 rows from L3 ran 44.3 -> 55.5 G elements/s, from DRAM 34.2 ->
  * 38.2, old and new alternating in one process. */
 INLINE void fp4x128(const uint8_t *p, __m512 lut, __m512 f[8]) {
-    const __m512i c = _mm512_loadu_si512(p);
+    __m512i c = _mm512_loadu_si512(p);
+    Q3_IN_REGISTER(c);
     f[0] = _mm512_permutexvar_ps(c, lut);
 #pragma GCC unroll 7
     for (int v = 1; v < 8; v++) f[v] = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4 * v), lut);
@@ -88,7 +89,9 @@ INLINE __m512 fp4_factors(const uint8_t *sc, const float *tab, const int plain) 
 
 /* 64 E4M3 codes -> four vectors of fp32 (times 2^-120), in the copy's order. */
 INLINE void fp8x64(const uint8_t *p, __m512 f[4]) {
-    const __m512i b = _mm512_loadu_si512(p), m = _mm512_set1_epi16((short)0x87F0), hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    const __m512i m = _mm512_set1_epi16((short)0x87F0), hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512i b = _mm512_loadu_si512(p);
+    Q3_IN_REGISTER(b);
     const __m512i w0 = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 4), m);
     const __m512i w1 = _mm512_and_si512(_mm512_srai_epi16(b, 4), m);
     f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
@@ -103,13 +106,13 @@ INLINE void fp8x64(const uint8_t *p, __m512 f[4]) {
  * factors into one of two accumulators (alternate steps). The GEMV is TB
  * = 1, so each token's result is bit for bit the GEMV's. out[t * ldo]. */
 INLINE void row_tokens(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const float *xb, size_t xs,
-                       const float *tab, __m512 lut, size_t pf, const int fp4, const int plain, const int TB) {
+                       const float *tab, __m512 lut, size_t pf, const int fp4, const int plain, const int TB, const int l2) {
     const int step = fp4 ? 4 : 2, nv = 2 * step;
     __m512 acc0[4], acc1[4];
 #pragma GCC unroll 4
     for (int t = 0; t < TB; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b += step) {
-        _mm_prefetch((const char *)el + (size_t)b * (fp4 ? 16 : 32) + pf, _MM_HINT_T0);
+        q3_pf_line((const char *)el + (size_t)b * (fp4 ? 16 : 32) + pf, l2);
         __m512 f[8];
         if (fp4) fp4x128(el + (size_t)b * 16, lut, f);
         else fp8x64(el + (size_t)b * 32, f);
@@ -151,14 +154,14 @@ static mx_rows mx_rows_of(const q3_mat *W) {
 
 /* Rows r0 .. r1 against one token: the GEMV, a loop of its own (through the
  * tokens pass's dispatch, decode ran 2-3 % slower). */
-INLINE void gemv_rows(float *out, const float *xb, const mx_rows *m, int r0, int r1, const int fp4) {
+INLINE void gemv_rows(float *out, const float *xb, const mx_rows *m, int r0, int r1, const int fp4, const int l2) {
     for (int r = r0; r < r1; r++) {
         const uint8_t *s = m->sc + (size_t)r * m->nb;
-        _mm_prefetch((const char *)s + m->spf, _MM_HINT_T0);
+        q3_pf_line((const char *)s + m->spf, l2);
         const uint8_t *e = m->el + (size_t)r * m->eb;
-        if (!fp4) row_tokens(out + (r - r0), 0, e, s, m->nb, xb, 0, m->tab, m->lut, m->pf, 0, 0, 1);
-        else if (fp4_scales_plain(s, m->nb)) row_tokens(out + (r - r0), 0, e, s, m->nb, xb, 0, m->tab, m->lut, m->pf, 1, 1, 1);
-        else row_tokens(out + (r - r0), 0, e, s, m->nb, xb, 0, m->tab, m->lut, m->pf, 1, 0, 1);
+        if (!fp4) row_tokens(out + (r - r0), 0, e, s, m->nb, xb, 0, m->tab, m->lut, m->pf, 0, 0, 1, l2);
+        else if (fp4_scales_plain(s, m->nb)) row_tokens(out + (r - r0), 0, e, s, m->nb, xb, 0, m->tab, m->lut, m->pf, 1, 1, 1, l2);
+        else row_tokens(out + (r - r0), 0, e, s, m->nb, xb, 0, m->tab, m->lut, m->pf, 1, 0, 1, l2);
     }
 }
 
@@ -168,24 +171,28 @@ void q3_avx512_gemv_mx(float *out, const void *xbv, const q3_mat *W, int r0, int
         return;
     }
     const mx_rows m = mx_rows_of(W);
-    if (W->dtype == Q3_MXFP4) gemv_rows(out, xbv, &m, r0, r1, 1);
-    else gemv_rows(out, xbv, &m, r0, r1, 0);
+    const int fp4 = W->dtype == Q3_MXFP4;
+    if (q3_pf_to_l2 && fp4) gemv_rows(out, xbv, &m, r0, r1, 1, 1);
+    else if (q3_pf_to_l2) gemv_rows(out, xbv, &m, r0, r1, 0, 1);
+    else if (fp4) gemv_rows(out, xbv, &m, r0, r1, 1, 0);
+    else gemv_rows(out, xbv, &m, r0, r1, 0, 0);
 }
 
 void q3_avx512_gemv_mx_tokens(float *out, size_t ldo, const void *xbv, size_t xs, int T, const q3_mat *W, int r0, int r1) {
     const int fp4 = W->dtype == Q3_MXFP4;
     const size_t xf = xs / sizeof(float);
     const mx_rows m = mx_rows_of(W);
+    const int l2 = q3_pf_to_l2; /* a runtime test: 1-4 tokens share each prefetch */
     /* Token blocks outside: a block's copies (4 x 8 KiB for K = 2048) stay
      * in L1 while the rows pass, which after the first block come from
      * cache (rows outside ran 83 against 129 GFLOP/s at 8 tokens). */
     for (int t0 = 0; t0 < T; t0 += 4)
         for (int r = r0; r < r1; r++) {
             const uint8_t *e = m.el + (size_t)r * m.eb, *s = m.sc + (size_t)r * m.nb;
-            _mm_prefetch((const char *)s + m.spf, _MM_HINT_T0);
+            q3_pf_line((const char *)s + m.spf, l2);
             const float *x0 = (const float *)xbv + (size_t)t0 * xf;
             float *o = out + (size_t)t0 * ldo + (r - r0);
-#define ROW(FP4, PLAIN, TB) row_tokens(o, ldo, e, s, m.nb, x0, xf, m.tab, m.lut, m.pf, FP4, PLAIN, TB)
+#define ROW(FP4, PLAIN, TB) row_tokens(o, ldo, e, s, m.nb, x0, xf, m.tab, m.lut, m.pf, FP4, PLAIN, TB, l2)
             const int kind = !fp4 ? 2 : fp4_scales_plain(s, m.nb);
             switch ((T - t0 < 4 ? T - t0 : 4) + 4 * kind) {
             case 1: ROW(1, 0, 1); break;

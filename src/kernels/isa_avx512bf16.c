@@ -120,7 +120,8 @@ INLINE __m512 e8m0x16(__m128i codes) {
 /* 128 E2M1 codes (64 bytes, 4 blocks) -> four vectors of 32 bf16 in the
  * a8_prep order. */
 INLINE void fp4x128(const uint8_t *p, __m512i lut, __m512i w[4]) {
-    const __m512i b = _mm512_loadu_si512(p);
+    __m512i b = _mm512_loadu_si512(p);
+    Q3_IN_REGISTER(b);
     w[0] = _mm512_permutexvar_epi16(b, lut);
     w[1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), lut);
     w[2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 8), lut);
@@ -130,7 +131,8 @@ INLINE void fp4x128(const uint8_t *p, __m512i lut, __m512i w[4]) {
 /* 64 E4M3 codes -> two vectors of 32 bf16 in elem_of_word order. The
  * 128-entry lookups ignore bit 7 of the code, the sign, put back after. */
 INLINE void fp8x64(const uint8_t *p, const __m512i t[4], __m512i *w0, __m512i *w1) {
-    const __m512i b = _mm512_loadu_si512(p);
+    __m512i b = _mm512_loadu_si512(p);
+    Q3_IN_REGISTER(b);
     const __m512i h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t[0], b, t[1]), b, _mm512_set1_epi8((char)0x80),
                                                 0xF8); /* h | (b & 0x80) */
     const __m512i l = _mm512_permutex2var_epi8(t[2], b, t[3]);
@@ -164,7 +166,7 @@ INLINE __m512 scales16(const uint8_t *sc, int n) {
  * short rows (an expert's down projection has 6 steps) were bound by
  * latency and by a tail copy through the stack before. */
 INLINE void row_fp4(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const uint16_t *xb, size_t xs,
-                    __m512i lut, size_t pf, const int T) {
+                    __m512i lut, size_t pf, const int T, const int l2) {
     __m512 acc[A8_TOKENS_MAX][2];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
@@ -175,7 +177,7 @@ INLINE void row_fp4(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc
         for (int j = 0; j < 4; j++) {
             if (j >= steps) break;
             const uint8_t *p = el + (size_t)(b + 4 * j) * 16;
-            _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
+            q3_pf_line((const char *)p + pf, l2);
             __m512i w[4];
             fp4x128(p, lut, w);
             const __m512 sj = step_scale(s16, 4, j);
@@ -195,7 +197,7 @@ INLINE void row_fp4(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc
 }
 
 INLINE void row_fp8(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc, int nb, const uint16_t *xb, size_t xs,
-                    const __m512i t8[4], size_t pf, const int T) {
+                    const __m512i t8[4], size_t pf, const int T, const int l2) {
     __m512 acc[A8_TOKENS_MAX][2];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
@@ -206,7 +208,7 @@ INLINE void row_fp8(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc
         for (int j = 0; j < 8; j++) {
             if (j >= steps) break;
             const uint8_t *p = el + (size_t)(b + 2 * j) * 32;
-            _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
+            q3_pf_line((const char *)p + pf, l2);
             __m512i w0, w1;
             fp8x64(p, t8, &w0, &w1);
             const __m512 sj = step_scale(s16, 2, j);
@@ -223,8 +225,10 @@ INLINE void row_fp8(float *out, size_t ldo, const uint8_t *el, const uint8_t *sc
     for (int t = 0; t < T; t++) out[(size_t)t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
-/* Rows r0 .. r1 of W against T copies (xs words apart; T constant). */
-INLINE void gemv_a8_t(float *out, size_t ldo, const uint16_t *xb, size_t xs, const q3_mat *W, int r0, int r1, const int T) {
+/* Rows r0 .. r1 of W against T copies (xs words apart; T constant), l2
+ * the prefetch level (prefetch.h). */
+INLINE void gemv_a8_t(float *out, size_t ldo, const uint16_t *xb, size_t xs, const q3_mat *W, int r0, int r1, const int T,
+                      const int l2) {
     pthread_once(&g_once, init_tables);
     const int K = W->cols, nb = K / 32;
     const uint8_t *el = W->data, *sc = W->scales;
@@ -233,20 +237,23 @@ INLINE void gemv_a8_t(float *out, size_t ldo, const uint16_t *xb, size_t xs, con
     if (W->dtype == Q3_MXFP4) {
         const __m512i lut = _mm512_loadu_si512(g_fp4_w);
         for (int r = r0; r < r1; r++) {
-            _mm_prefetch((const char *)(sc + (size_t)r * nb + spf), _MM_HINT_T0);
-            row_fp4(out + r - r0, ldo, el + r * eb, sc + (size_t)r * nb, nb, xb, xs, lut, pf, T);
+            q3_pf_line((const char *)(sc + (size_t)r * nb + spf), l2);
+            row_fp4(out + r - r0, ldo, el + r * eb, sc + (size_t)r * nb, nb, xb, xs, lut, pf, T, l2);
         }
         return;
     }
     const __m512i t8[4] = {_mm512_loadu_si512(g_fp8_hi), _mm512_loadu_si512(g_fp8_hi + 64), _mm512_loadu_si512(g_fp8_lo),
                            _mm512_loadu_si512(g_fp8_lo + 64)};
     for (int r = r0; r < r1; r++) {
-        _mm_prefetch((const char *)(sc + (size_t)r * nb + spf), _MM_HINT_T0);
-        row_fp8(out + r - r0, ldo, el + r * eb, sc + (size_t)r * nb, nb, xb, xs, t8, pf, T);
+        q3_pf_line((const char *)(sc + (size_t)r * nb + spf), l2);
+        row_fp8(out + r - r0, ldo, el + r * eb, sc + (size_t)r * nb, nb, xb, xs, t8, pf, T, l2);
     }
 }
 
-static void gemv_a8(float *out, const void *xb, const q3_mat *W, int r0, int r1) { gemv_a8_t(out, 0, xb, 0, W, r0, r1, 1); }
+static void gemv_a8(float *out, const void *xb, const q3_mat *W, int r0, int r1) {
+    if (q3_pf_to_l2) gemv_a8_t(out, 0, xb, 0, W, r0, r1, 1, 1);
+    else gemv_a8_t(out, 0, xb, 0, W, r0, r1, 1, 0);
+}
 
 /* Tokens in groups of at most A8_TOKENS_MAX, one pass over the rows each. */
 static void gemv_a8_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1) {
@@ -255,7 +262,7 @@ static void gemv_a8_tokens(float *out, size_t ldo, const void *xb, size_t xs, in
         float *o = out + (size_t)t0 * ldo;
         const uint16_t *x = (const uint16_t *)xb + (size_t)t0 * w;
         const int n = T - t0 < A8_TOKENS_MAX ? T - t0 : A8_TOKENS_MAX;
-#define GROUP(N) gemv_a8_t(o, ldo, x, w, W, r0, r1, N)
+#define GROUP(N) gemv_a8_t(o, ldo, x, w, W, r0, r1, N, q3_pf_to_l2) /* 2-8 tokens share each prefetch */
         Q3_CONST_TOKENS(n, GROUP);
 #undef GROUP
     }

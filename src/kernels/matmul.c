@@ -58,11 +58,15 @@ static void set_isa(q3_isa isa) {
                                    : &q3_kernels_scalar;
 }
 
+static int cpu_vendor_is(unsigned ebx) {
+    unsigned a, b, c, d;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == ebx;
+}
+
 /* Zen 4: AMD family 19h (Zen 3 and Zen 4) with AVX-512 (Zen 4 only). */
 static int amd_zen4(void) {
     unsigned a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u /* "Auth"enticAMD */) return 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    if (!cpu_vendor_is(0x68747541u /* "Auth"enticAMD */) || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
     unsigned family = (a >> 8) & 0xf;
     if (family == 0xf) family += (a >> 20) & 0xff;
     return family == 0x19 && __builtin_cpu_supports("avx512f");
@@ -80,7 +84,20 @@ static int use_hw_prefetch(void) {
     return amd_zen4();
 }
 
+int q3_pf_to_l2;
+
+/* Where the GEMVs prefetch to (prefetch.h says why): L2 on Intel CPUs,
+ * unless Q3MOE_PREFETCH_TO=l1|l2 says. */
+static int prefetch_to_l2(void) {
+    const char *env = getenv("Q3MOE_PREFETCH_TO");
+    if (env && !strcmp(env, "l1")) return 0;
+    if (env && !strcmp(env, "l2")) return 1;
+    if (env && *env) fprintf(stderr, "q3moe: ignoring Q3MOE_PREFETCH_TO=%s (expected l1 or l2)\n", env);
+    return cpu_vendor_is(0x756e6547u /* "Genu"ineIntel */);
+}
+
 static void init_once(void) {
+    q3_pf_to_l2 = prefetch_to_l2();
     g_avx512 = q3_kernels_avx512;
     g_avx2 = q3_kernels_avx2;
     g_hw_prefetch = use_hw_prefetch();
@@ -102,8 +119,8 @@ static void init_once(void) {
     else if (env && !strcmp(env, "amx")) isa = Q3_ISA_AMX;
     set_isa(isa);
     for (int i = 0; i < Q3_ISA_COUNT; i++)
-        snprintf(g_desc[i], sizeof g_desc[i], "%s%s%s", q3_isa_name((q3_isa)i), g_vnni && i >= Q3_ISA_AVX512 ? "+vnni" : "",
-                 g_hw_prefetch && i >= Q3_ISA_AVX2 ? "+hwpf" : "");
+        snprintf(g_desc[i], sizeof g_desc[i], "%s%s%s%s", q3_isa_name((q3_isa)i), g_vnni && i >= Q3_ISA_AVX512 ? "+vnni" : "",
+                 g_hw_prefetch && i >= Q3_ISA_AVX2 ? "+hwpf" : "", q3_pf_to_l2 && i >= Q3_ISA_AVX2 ? "+pfl2" : "");
 }
 
 void q3_kernels_init(void) { pthread_once(&g_once, init_once); }

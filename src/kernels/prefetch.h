@@ -42,9 +42,39 @@ static inline size_t q3_pf_scales(size_t nb) {
     return Q3_PF_ROWS * nb > Q3_SC_PF_BYTES ? Q3_PF_ROWS * nb : Q3_SC_PF_BYTES;
 }
 
+/* Which cache the GEMVs' prefetches fill: L2 (PREFETCHT1) where set, else
+ * L1 (PREFETCHT0). Set once by q3_kernels_init (matmul.c), before any
+ * kernel runs: L2 on Intel CPUs, L1 on others, Q3MOE_PREFETCH_TO=l1|l2
+ * decides instead. On the AMX Xeon of BENCHMARKS.md, decode steps of
+ * q30b8 alternating between the two ran W4A8 3-11 %, BF16 7-18 %, w4a8i
+ * 12-18 % faster into L2 (why was not measured: the VM has no PMU
+ * counters; a prefetch into L1 likely holds one of the core's few L1 miss
+ * buffers until its line arrives from DRAM). AMD documents T0-T2 as alike
+ * up to Zen 3 and T1 as into L2 from Zen 4; AMD cores were not measured
+ * with it, so they keep L1. */
+extern int q3_pf_to_l2;
+
+/* One line at p, into L2 (to_l2) or L1. The GEMVs whose vector ports
+ * bound them take to_l2 as a constant: each has a copy of its loops per
+ * level, chosen once per call from q3_pf_to_l2, so that no flag is tested
+ * in their loops (a build that did ran W4A8 decode 1-4 % slower than a
+ * fixed hint). */
+static inline __attribute__((always_inline)) void q3_pf_line(const void *p, const int to_l2) {
+    if (to_l2) _mm_prefetch((const char *)p, _MM_HINT_T1);
+    else _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
+
+/* Keeps v (a vector just loaded from a weight stream) in a register: GCC
+ * may otherwise fold the load again into each instruction that uses v, and
+ * when the stream is prefetched into L2 only, each of those loads misses
+ * L1 (the MXFP4 GEMV of the AMX table ran 10 % slower so, 2 threads from
+ * DRAM). */
+#define Q3_IN_REGISTER(v) __asm__("" : "+v"(v))
+
 /* Prefetches every 64-byte line of [p + dist, p + dist + bytes). */
 static inline __attribute__((always_inline)) void q3_pf_lines(const void *p, size_t dist, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + dist + o, _MM_HINT_T0);
+    const int l2 = q3_pf_to_l2;
+    for (size_t o = 0; o < bytes; o += 64) q3_pf_line((const char *)p + dist + o, l2);
 }
 
 #endif

@@ -9,6 +9,7 @@
 #include "kernels/attention.h"
 #include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "kernels/prefetch.h"
 #include "quant/mx.h"
 #include "unit.h"
 
@@ -1197,6 +1198,18 @@ static void test_activation_helpers(void) {
     q3_kernels_force(Q3_ISA_COUNT - 1);
 }
 
+/* The GEMVs keep a copy of their loops per prefetch level (prefetch.h),
+ * and a CPU runs only the one its vendor gets: the matmul tests again with
+ * the other. */
+static void test_other_prefetch_level(void) {
+    q3_kernels_init();
+    q3_pf_to_l2 = !q3_pf_to_l2;
+    test_matmul();
+    test_mx_matmul();
+    test_mx_tokens_match_gemv();
+    q3_pf_to_l2 = !q3_pf_to_l2;
+}
+
 int main(void) {
     test_activation_helpers();
     test_add_rmsnorm_mx8();
@@ -1221,5 +1234,6 @@ int main(void) {
     test_attention_tile_products();
     test_rmsnorm_softmax_swiglu();
     test_rope_rotate_half();
+    test_other_prefetch_level();
     UNIT_MAIN_END();
 }
