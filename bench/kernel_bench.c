@@ -57,14 +57,15 @@ static void *big_alloc(size_t n) {
 }
 
 /* Seconds to read n bytes at p with all threads (best of reps), by `q3moe
- * bench`'s read pass (each thread a contiguous share, AVX2 sums): the
- * streaming limit a GEMV over the same buffer is compared with. (A scalar
+ * bench`'s read pass (each thread a contiguous share, AVX2 sums; plain and
+ * prefetching in turn): the streaming limit a GEMV over the same buffer is
+ * compared with. (A scalar
  * XOR loop here before topped out near 28 GB/s on a Zen 4 whose memory gave
  * 60, below the GEMVs it was the yardstick for.) */
 static double read_time(const void *p, size_t n, int reps) {
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        const double gbs = bench_read_pass(p, n);
+        const double gbs = bench_read_pass(p, n, r & 1);
         if (gbs > 0 && n / (gbs * 1e9) < best) best = n / (gbs * 1e9);
     }
     return best;

@@ -73,10 +73,18 @@ static uint64_t sum_scalar(const uint64_t *p, size_t n) {
 }
 
 #if BENCH_X86
-__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, size_t n) {
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#include "kernels/prefetch.h"
+
+/* pf: 0, or every line also prefetched Q3_PF_WEIGHTS bytes ahead into L1
+ * (1) or L2 (2), as the GEMVs stream their weights. */
+static inline __attribute__((always_inline)) uint64_t sum_avx2_pf(const uint64_t *p, size_t n, const int pf) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     const __m256i *v = (const __m256i *)p;
     for (size_t i = 0; i < n / 4; i += 8) {
+        if (pf)
+            for (int l = 0; l < 4; l++) q3_pf_line((const char *)(v + i) + Q3_PF_WEIGHTS + 64 * l, pf == 2);
         a0 = _mm256_add_epi64(a0, _mm256_load_si256(v + i));
         a1 = _mm256_add_epi64(a1, _mm256_load_si256(v + i + 1));
         a2 = _mm256_add_epi64(a2, _mm256_load_si256(v + i + 2));
@@ -92,6 +100,12 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, size
     _mm256_storeu_si256((__m256i *)lanes, a0);
     return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
+
+static uint64_t sum_avx2(const uint64_t *p, size_t n, int prefetch) {
+    if (!prefetch) return sum_avx2_pf(p, n, 0);
+    return q3_pf_to_l2 ? sum_avx2_pf(p, n, 2) : sum_avx2_pf(p, n, 1);
+}
+#pragma GCC pop_options
 #endif
 
 static int cmp_double(const void *a, const void *b) {
@@ -120,7 +134,8 @@ static int read_method(void) {
  * multiple of the 8 x 32-byte unrolled step. */
 enum { READ_BLOCK = 256 };
 
-double bench_read_pass(const void *p, size_t bytes) {
+double bench_read_pass(const void *p, size_t bytes, int prefetch) {
+    q3_kernels_init(); /* sets the prefetch level */
     const int T = omp_get_max_threads(), use_avx2 = read_method();
     const size_t per = bytes / READ_BLOCK / (size_t)T, words_per = per * READ_BLOCK / 8;
     if (per == 0) return 0;
@@ -130,7 +145,7 @@ double bench_read_pass(const void *p, size_t bytes) {
     {
         const uint64_t *w = (const uint64_t *)p + (size_t)omp_get_thread_num() * words_per;
 #if BENCH_X86
-        if (use_avx2) sum += sum_avx2(w, words_per);
+        if (use_avx2) sum += sum_avx2(w, words_per, prefetch);
         else
 #endif
             sum += sum_scalar(w, words_per);
@@ -153,7 +168,7 @@ int bench_measure_membw(size_t bytes, int passes, bench_membw *out) {
 #endif
     uint64_t *w = buf;
     const size_t words_per = per * READ_BLOCK / 8;
-    out->method = read_method() ? "avx2" : "scalar";
+    const int methods = read_method() ? 2 : 1; /* with the AVX2 sum, plain and prefetching passes */
     /* Touch every page from the thread that will read it (first touch places
      * the page on that thread's NUMA node). */
 #pragma omp parallel num_threads(T)
@@ -161,14 +176,29 @@ int bench_measure_membw(size_t bytes, int passes, bench_membw *out) {
         uint64_t *p = w + (size_t)omp_get_thread_num() * words_per;
         for (size_t i = 0; i < words_per; i++) p[i] = i;
     }
-    double *gbs = q3_malloc((size_t)passes * sizeof *gbs);
-    for (int pass = 0; pass < passes; pass++) gbs[pass] = bench_read_pass(buf, bytes);
-    qsort(gbs, (size_t)passes, sizeof *gbs, cmp_double);
+    /* The methods' passes alternate (the machine's state drifts); the one
+     * with the best pass gives the figures. */
+    double *gbs = q3_malloc((size_t)methods * passes * sizeof *gbs);
+    for (int pass = 0; pass < passes; pass++)
+        for (int m = 0; m < methods; m++) gbs[(size_t)m * passes + pass] = bench_read_pass(buf, bytes, m);
+    int best = 0;
+    for (int m = 0; m < methods; m++) {
+        double *g = gbs + (size_t)m * passes;
+        qsort(g, (size_t)passes, sizeof *g, cmp_double);
+        if (m == 0 || g[passes - 1] > out->best_gbs) {
+            best = m;
+            out->best_gbs = g[passes - 1];
+            out->median_gbs = passes % 2 ? g[passes / 2] : 0.5 * (g[passes / 2 - 1] + g[passes / 2]);
+        }
+    }
+    q3_kernels_init();
+    out->method = !read_method() ? "scalar sum"
+                  : !best        ? "avx2 sum"
+                  : q3_pf_to_l2  ? "avx2 sum, prefetch into L2"
+                                 : "avx2 sum, prefetch into L1";
     out->ran = 1;
     out->bytes = bytes;
     out->passes = passes;
-    out->best_gbs = gbs[passes - 1];
-    out->median_gbs = passes % 2 ? gbs[passes / 2] : 0.5 * (gbs[passes / 2 - 1] + gbs[passes / 2]);
     free(gbs);
     munmap(buf, bytes);
     return 0;

@@ -16,9 +16,9 @@ typedef struct {
 typedef struct {
     int ran;
     size_t bytes;       /* buffer size */
-    int passes;
+    int passes;         /* of each method */
     double best_gbs, median_gbs;   /* 1e9 bytes per second */
-    const char *method; /* "avx2" or "scalar" */
+    const char *method; /* the read pass of the best figures: "avx2 sum", "avx2 sum, prefetch into L2", ... */
 } bench_membw;
 
 typedef struct {
@@ -57,8 +57,10 @@ int bench_measure_membw(size_t bytes, int passes, bench_membw *out);
 /* The FMA peak; with the AMX kernels in force, also their tile peak. */
 void bench_measure_fma(bench_fma *out);
 /* One all-threads read pass over [p, p + bytes) (32-byte aligned, e.g. a
- * mapped model file, which it leaves unchanged): GB/s. */
-double bench_read_pass(const void *p, size_t bytes);
+ * mapped model file, which it leaves unchanged): GB/s. prefetch: each line
+ * is also prefetched ahead in software, as the GEMVs do (AVX2 only; on the
+ * AMX Xeon of BENCHMARKS.md that read 9 % more than the plain pass). */
+double bench_read_pass(const void *p, size_t bytes, int prefetch);
 /* One all-threads FMA run of about 50 ms at the width bench_measure_fma
  * uses (calibrated on the first call): GFLOP/s. */
 double bench_fma_pass(void);

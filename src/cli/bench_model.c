@@ -112,9 +112,9 @@ double bench_kv_bytes(const q3_config *c, int pos) {
     return 2.0 * c->num_layers * (double)(pos + 1) * c->num_kv_heads * c->head_dim * sizeof(float);
 }
 
-/* Read passes per sample beside decode: one pass is easily caught by a
- * neighbour's burst. */
-enum { READS_PER_SAMPLE = 3 };
+/* Read passes per sample beside decode, plain and prefetching in turn
+ * (bench_read_pass): one pass is easily caught by a neighbour's burst. */
+enum { READS_PER_SAMPLE = 4 };
 
 static void sample_fma(bench_ceilings *cl) {
     if (cl && cl->fma) bench_beside_add(&cl->flops, bench_fma_pass());
@@ -122,8 +122,8 @@ static void sample_fma(bench_ceilings *cl) {
 
 static void sample_read(bench_ceilings *cl) {
     if (!cl || !cl->read_p) return;
-    if (!cl->read.n) (void)bench_read_pass(cl->read_p, cl->read_bytes); /* untimed: maps any page not mapped yet */
-    for (int i = 0; i < READS_PER_SAMPLE; i++) bench_beside_add(&cl->read, bench_read_pass(cl->read_p, cl->read_bytes));
+    if (!cl->read.n) (void)bench_read_pass(cl->read_p, cl->read_bytes, 0); /* untimed: maps any page not mapped yet */
+    for (int i = 0; i < READS_PER_SAMPLE; i++) bench_beside_add(&cl->read, bench_read_pass(cl->read_p, cl->read_bytes, i & 1));
 }
 
 const char *bench_load_label(int bucket) {

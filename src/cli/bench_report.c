@@ -98,7 +98,7 @@ void bench_print_table(FILE *f, const bench_results *r) {
                 "           three of them (%.1f), an A8 product one; %% peak below is of the FMA peak\n",
                 r->fma.amx_gflops, r->fma.amx_gflops / 3);
     if (r->membw.ran)
-        fprintf(f, "mem read   best %.2f GB/s, median %.2f GB/s (%zu MiB buffer, %d passes, %s sum, all threads)\n",
+        fprintf(f, "mem read   best %.2f GB/s, median %.2f GB/s (%zu MiB buffer, %d passes, %s, all threads)\n",
                 r->membw.best_gbs, r->membw.median_gbs, r->membw.bytes >> 20, r->membw.passes, r->membw.method);
     else fprintf(f, "mem read   not measured (--no-membw)\n");
     if (!r->has_model) return;
