@@ -130,13 +130,13 @@ demo: all
 
 # libFuzzer targets (README.md, "Fuzzing"): the loaders of user files,
 # built by clang with ASan+UBSan. Not part of `make test`; what they find
-# becomes a test there. The SIMD kernels and their driver come from the
-# release build (gcc: clang ignores their `#pragma GCC target`); the
-# loaders never run them.
+# becomes a test there. The SIMD kernels (every file with a `#pragma GCC
+# target`, which clang ignores) and their driver come from the release
+# build (gcc); the loaders never run them.
 FUZZ_CC      ?= clang
 FUZZ_SAN      = -Wno-unknown-pragmas -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 60
-FUZZ_GCC     := $(filter src/kernels/gemm_% src/kernels/gemv_% src/kernels/isa_avx% src/kernels/matmul.c,$(LIB_SRC))
+FUZZ_GCC     := $(sort $(shell grep -l 'pragma GCC target' $(LIB_SRC)) src/kernels/matmul.c)
 OBJ_FUZZ     := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out $(FUZZ_GCC),$(LIB_SRC))) $(FUZZ_GCC:%.c=build/obj/%.o)
 FUZZ_BINS    := $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
 build/fuzz/.deps-ok: tools/setup.sh
