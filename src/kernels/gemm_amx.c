@@ -481,44 +481,20 @@ double q3_amx_tile_flops(long n) {
     return (double)((n + 3) / 4 * 4) * 16 * 16 * 32 * 2;
 }
 
-/* The A8 GEMVs of the AMX table: MXFP4 rows take the fp32 MX GEMV of the
- * AVX-512 table (VPERMPS decoding and FMAs on a permuted fp32 copy), MXFP8
- * rows the bf16 one. On the AMX Xeon measured, q30b8 W4A8 decode, experts
- * per token: 7.47 / 7.53 ms with the fp32 GEMV, 7.58 / 7.65 with the bf16
- * one (12.4 / 12.7 before the bf16 GEMV's row tails stopped making
- * subnormal scales; its MXFP8 attention and lm_head were even or slower).
- * An exact integer GEMV on AMX-INT8 tiles ran slower than either
- * (BENCHMARKS.md). The copy a8_prep makes, the GEMV that reads it and the
- * tokens GEMV follow the weights' dtype together. */
-static struct {
-    void (*bf16_prep)(void *, const float *, int, q3_dtype), (*mx_prep)(void *, const float *, int, q3_dtype);
-    void (*bf16_gemv)(float *, const void *, const q3_mat *, int, int), (*mx_gemv)(float *, const void *, const q3_mat *, int, int);
-    void (*bf16_tokens)(float *, size_t, const void *, size_t, int, const q3_mat *, int, int);
-    void (*mx_tokens)(float *, size_t, const void *, size_t, int, const q3_mat *, int, int);
-} g_a8;
-
-static void amx_a8_prep(void *xb, const float *x, int K, q3_dtype wt) {
-    if (wt == Q3_MXFP4) g_a8.mx_prep(xb, x, K, wt);
-    else g_a8.bf16_prep(xb, x, K, wt);
-}
-
-static void amx_gemv_a8(float *out, const void *xb, const q3_mat *W, int r0, int r1) {
-    if (W->dtype == Q3_MXFP4) g_a8.mx_gemv(out, xb, W, r0, r1);
-    else g_a8.bf16_gemv(out, xb, W, r0, r1);
-}
-
-static void amx_gemv_a8_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1) {
-    if (W->dtype == Q3_MXFP4) g_a8.mx_tokens(out, ldo, xb, xs, T, W, r0, r1);
-    else g_a8.bf16_tokens(out, ldo, xb, xs, T, W, r0, r1);
-}
-
+/* The A8 GEMVs of the AMX table are the fp32 MX GEMVs of the AVX-512 table
+ * (the weights decoded by VPERMPS lookups or shifts, FMAs on a permuted
+ * fp32 copy of the input), for MXFP4 and MXFP8 rows: on the AMX Xeon of
+ * BENCHMARKS.md VDPBF16PS issues about once per 2.2 cycles, and the bf16
+ * GEMV ran slower. q30b8 W4A8 decode, experts per token: 7.47 / 7.53 ms
+ * with the fp32 GEMV, 7.58 / 7.65 with the bf16 one; MXFP8 rows (its
+ * attention and lm_head), one thread from L2: 22-23 against 19-20 G
+ * elements/s, whole decode steps 2-3 % faster in 10 of 11 alternating
+ * pairs. An exact integer GEMV on AMX-INT8 tiles ran slower than either. */
 void q3_amx_kernels(q3_isa_kernels *k) {
-    g_a8.bf16_prep = k->a8_prep, g_a8.bf16_gemv = k->gemv_a8, g_a8.bf16_tokens = k->gemv_a8_tokens;
-    g_a8.mx_prep = k->mx_prep, g_a8.mx_gemv = k->gemv_mx, g_a8.mx_tokens = k->gemv_mx_tokens;
-    if (g_a8.mx_prep && g_a8.mx_gemv && g_a8.mx_tokens) {
-        k->a8_prep = amx_a8_prep;
-        k->gemv_a8 = amx_gemv_a8;
-        k->gemv_a8_tokens = amx_gemv_a8_tokens;
+    if (k->mx_prep && k->gemv_mx && k->gemv_mx_tokens) { /* the input copy, the GEMV and the tokens GEMV go together */
+        k->a8_prep = k->mx_prep;
+        k->gemv_a8 = k->gemv_mx;
+        k->gemv_a8_tokens = k->gemv_mx_tokens;
     }
     k->bc_pack_act = amx_bc_pack_act;
     k->tile_parts = 3;
