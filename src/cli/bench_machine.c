@@ -191,7 +191,6 @@ int bench_measure_membw(size_t bytes, int passes, bench_membw *out) {
             out->median_gbs = passes % 2 ? g[passes / 2] : 0.5 * (g[passes / 2 - 1] + g[passes / 2]);
         }
     }
-    q3_kernels_init();
     out->method = !read_method() ? "scalar sum"
                   : !best        ? "avx2 sum"
                   : q3_pf_to_l2  ? "avx2 sum, prefetch into L2"

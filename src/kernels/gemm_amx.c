@@ -488,7 +488,7 @@ double q3_amx_tile_flops(long n) {
  * GEMV ran slower. q30b8 W4A8 decode, experts per token: 7.47 / 7.53 ms
  * with the fp32 GEMV, 7.58 / 7.65 with the bf16 one; MXFP8 rows (its
  * attention and lm_head), one thread from L2: 22-23 against 19-20 G
- * elements/s, whole decode steps 2-3 % faster in 10 of 11 alternating
+ * elements/s, whole decode steps 2-3 % faster in 12 of 14 alternating
  * pairs. An exact integer GEMV on AMX-INT8 tiles ran slower than either. */
 void q3_amx_kernels(q3_isa_kernels *k) {
     if (k->mx_prep && k->gemv_mx && k->gemv_mx_tokens) { /* the input copy, the GEMV and the tokens GEMV go together */

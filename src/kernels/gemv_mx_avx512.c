@@ -1,6 +1,6 @@
 /* AVX-512 GEMV for MXFP8 and MXFP4 weights against fp32 inputs
  * (weight-only MX and the A8 linears of the float schemes) on CPUs without
- * AVX-512 BF16, and for MXFP4 rows on the AMX table: 64 E4M3 codes (two
+ * AVX-512 BF16, and for the A8 linears of the AMX table: 64 E4M3 codes (two
  * blocks) or 128 E2M1 codes (four) decoded at a time, against an input
  * copy permuted to the order they leave the elements in (q3_mx_prep_copy
  * with 4 lanes). Rows of other lengths (MXFP8: K % 64 != 0, MXFP4: K % 128
