@@ -238,6 +238,10 @@ def test_decode(report, model):
     assert d["fixed_bytes_per_token"] + d["expert_bytes_per_token"] == d["weight_bytes_per_token"]
     assert d["gbs"] == pytest.approx(d["weight_bytes_per_token"] / d["ms_p50"] / 1e6, rel=1e-9)
     assert 0 < d["matmul_ms_per_token"] <= d["ms_p99"] and 0 < d["matmul_time_share"] <= 1
+    # the mean step (llama-bench's statistic): at least half the steps take p50 or longer, and the
+    # matmuls' share is of the steps' summed time
+    assert d["ms_mean"] >= d["ms_p50"] / 2
+    assert d["matmul_time_share"] == pytest.approx(d["matmul_ms_per_token"] / d["ms_mean"], rel=1e-9)
     assert d["pct_membw"] == pytest.approx(100 * d["gbs"] / r["membw"]["ceiling_gbs"], rel=1e-9)
     # mean K/V cache read over positions DEPTH .. DEPTH+STEPS-1 (fp32 cache)
     kv = sum(2 * L * (DEPTH + i + 1) * KVD * F32 for i in range(STEPS)) / STEPS
@@ -281,7 +285,7 @@ def test_ttft(report):
 
 def test_table_and_progress(report):
     _, stdout, stderr, _ = report
-    for word in ["prefill", "decode", "p50 ms", "GB/s", "% membw", "FMA peak", "mem read", "time to first token",
+    for word in ["prefill", "decode", "p50 ms", "mean ms", "GB/s", "% membw", "FMA peak", "mem read", "time to first token",
                  "posix_fadvise", "peak RSS", "after a 128-token prefill"]:
         assert word in stdout, word
     assert "[bench]" in stderr and "[bench]" not in stdout

@@ -149,13 +149,13 @@ void bench_print_table(FILE *f, const bench_results *r) {
     if (d->ran) {
         fprintf(f, "\ndecode (1 token per step, logits and a sampled token every step; after a %d-token prefill; %d steps x %d reps)\n",
                 d->depth, d->steps, d->reps);
-        fprintf(f, "  %8s %8s %8s %8s %12s %9s %8s\n", "p50 ms", "p90 ms", "p99 ms", "tok/s", "weight MB/tok", "GB/s",
-                "% membw");
+        fprintf(f, "  %8s %8s %8s %8s %8s %12s %9s %8s\n", "p50 ms", "p90 ms", "p99 ms", "mean ms", "tok/s", "weight MB/tok",
+                "GB/s", "% membw");
         char pm[16];
         if (r->membw.ran) snprintf(pm, sizeof pm, "%.1f", pct(d->gbs, read_gbs(r)));
         else snprintf(pm, sizeof pm, "-");
-        fprintf(f, "  %8.2f %8.2f %8.2f %8.2f %12.2f %9.2f %8s\n", d->p50, d->p90, d->p99, d->tok_s, d->weight_bytes / 1e6,
-                d->gbs, pm);
+        fprintf(f, "  %8.2f %8.2f %8.2f %8.2f %8.2f %12.2f %9.2f %8s\n", d->p50, d->p90, d->p99, d->mean, d->tok_s,
+                d->weight_bytes / 1e6, d->gbs, pm);
         if (r->cfg.is_moe)
             fprintf(f, "  weight bytes/token: %.2f MB fixed (attention, norms, router/dense MLP, lm_head, 1 embedding row)\n"
                        "                     + %.2f MB experts (%.1f expert reads/token over all layers)\n",
@@ -357,6 +357,7 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
             set_num(o, "ms_p50", d->p50);
             set_num(o, "ms_p90", d->p90);
             set_num(o, "ms_p99", d->p99);
+            set_num(o, "ms_mean", d->mean);
             set_num(o, "tokens_per_s", d->tok_s);
             set_num(o, "weight_bytes_per_token", d->weight_bytes);
             set_num(o, "fixed_bytes_per_token", d->fixed_bytes);

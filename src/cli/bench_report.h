@@ -33,6 +33,7 @@ typedef struct {
     int ran;
     int depth, steps, reps;
     double p50, p90, p99;           /* ms per token over steps * reps */
+    double mean;                    /* the same steps' mean, what llama-bench reports */
     double tok_s;                   /* 1000 / p50 */
     double fixed_bytes;             /* per token, independent of routing */
     double expert_bytes;            /* per token, mean over the timed steps */

@@ -233,6 +233,7 @@ static int run_model(bench_results *r, q3_session *s, const int *plen, int np, l
             d->p50 = bench_percentile(ms, total, 50);
             d->p90 = bench_percentile(ms, total, 90);
             d->p99 = bench_percentile(ms, total, 99);
+            d->mean = sum_ms(ms, total) / total;
             d->tok_s = 1e3 / d->p50;
             d->fixed_bytes = bench_decode_fixed_bytes(m);
             d->expert_bytes = nh ? bench_expert_bytes(m, delta) / total : 0;
