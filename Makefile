@@ -41,7 +41,7 @@ REPLAY_BINS  := $(FUZZ_TARGETS:%=build/asan/fuzz/replay_%)
 
 DEPS_STAMP := build/.deps-ok
 
-.PHONY: all asan bench gemm-ab deps test unit demo fuzz fuzz-run clean help
+.PHONY: all asan bench gemm-ab deps test unit demo vs-llama-cpp fuzz fuzz-run clean help
 # The entry points install dependencies first, then build in a fresh make
 # so that what set-up installed (e.g. OpenMPI for the comm backend) is seen.
 all: $(DEPS_STAMP)
@@ -52,6 +52,7 @@ help:
 	@echo "make demo   make the default demo checkpoint and stream a generation"
 	@echo "make test   run the whole test suite (unit tests, ASan+UBSan, reference tests)"
 	@echo "make bench  build build/kernel_bench, the kernel micro-benchmark"
+	@echo "make vs-llama-cpp [VS_MODEL=DIR] [VS_ARGS=...]  q3moe against llama.cpp on this machine (bench/vs_llama_cpp.py)"
 	@echo "make gemm-ab AB_REV=REV [AB_ISA=avx2]  build/gemm_ab: the broadcast GEMM against revision REV's, in one process"
 	@echo "make fuzz   build the libFuzzer targets and their seeds (README.md, section Fuzzing)"
 	@echo "make fuzz-run FUZZ_SECONDS=N  run each target N seconds (default 60)"
@@ -117,6 +118,15 @@ gemm-ab: $(LIB_REL) $(BENCH_OBJ)
 	$(AB_CC) -Isrc $(call AB_RENAME,this_) -o build/ab/this.o
 	$(CC) $(CFLAGS_BASE) $(OPT) $(CFLAGS) -DQ3_GEMM_AB -DQ3_GEMM_AB_ISA=q3_$(AB_ISA)_gemm_bc -o build/gemm_ab \
 		bench/kernel_bench.c build/ab/rev.o build/ab/this.o $(BENCH_OBJ) $(LIB_REL) $(LDLIBS)
+
+# q3moe against llama.cpp built here, on the same weights: bench/vs_llama_cpp.py
+# (its --help). VS_MODEL defaults to the demo checkpoint, made if missing.
+VS_MODEL ?= build/demo-model
+vs-llama-cpp: all
+	@bash tools/setup.sh --llama-cpp
+	@[ "$(VS_MODEL)" != build/demo-model ] || [ -f build/demo-model/config.json ] || \
+		build/q3moe synth -o build/demo-model --preset tiny --seed 1
+	@$(PYTHON) bench/vs_llama_cpp.py -m $(VS_MODEL) $(VS_ARGS)
 
 asan: build/asan/q3moe $(UNIT_SAN) $(REPLAY_BINS)
 unit: $(UNIT_REL) $(UNIT_SAN)

@@ -10,12 +10,21 @@ cd "$(dirname "$0")/.."
 
 APT_PKGS=(gcc make pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libyaml-dev
           libopenmpi-dev openmpi-bin python3 python3-numpy python3-torch python3-pytest)
-fuzz=0
-[ "${1:-}" = --fuzz ] && fuzz=1
+fuzz=0 only=""
+case "${1:-}" in
+    --fuzz) fuzz=1 only="fuzzing toolchain" ;;
+    --llama-cpp) only="llama.cpp build tools" ;;
+esac
 if ((fuzz)); then
     # `make fuzz`: only the fuzzing toolchain: clang, its libFuzzer and
     # sanitizer runtimes, its OpenMP runtime.
     APT_PKGS=(clang libclang-rt-dev libomp-dev)
+elif [ -n "$only" ]; then
+    # `make vs-llama-cpp`: what bench/vs_llama_cpp.py needs besides q3moe's
+    # own set-up: npm and git to fetch llama.cpp's source, cmake and g++ to
+    # build it, numpy for tools/hf_to_gguf.py.
+    APT_PKGS=(cmake g++ git python3-numpy)
+    command -v npm >/dev/null 2>&1 || APT_PKGS+=(npm)
 else
     command -v node >/dev/null 2>&1 || APT_PKGS+=(nodejs)
     command -v npm >/dev/null 2>&1 || APT_PKGS+=(npm)
@@ -36,8 +45,8 @@ if ((${#missing[@]})); then
     $SUDO apt-get update -q
     $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-if ((fuzz)); then
-    echo "setup: fuzzing toolchain OK" >&2
+if [ -n "$only" ]; then
+    echo "setup: $only OK" >&2
     exit 0
 fi
 

@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""q3moe against llama.cpp on this machine, on the same weights.
+
+Builds llama.cpp from the source that the npm package node-llama-cpp carries (a git bundle of the
+llama.cpp release it binds, so only the npm registry is needed), writes the checkpoint as an F16 GGUF
+(tools/hf_to_gguf.py) and, for MoE models, as llama.cpp's MXFP4_MOE (experts MXFP4, the rest Q8_0),
+checks that llama.cpp's greedy tokens on the F16 file are q3moe's on the BF16 checkpoint, then runs
+llama-bench and q3moe bench in alternating rounds and prints both, with their ratios.
+
+Pairs (--pairs):
+  bf16    llama.cpp F16          vs  q3moe on the checkpoint as stored (BF16)
+  w4a8    llama.cpp MXFP4_MOE    vs  q3moe W4A8 with an MXFP8 lm_head (about the same bytes)
+  w4a8i   llama.cpp MXFP4_MOE    vs  q3moe w4a8i (MXINT8 attention, lm_head and inputs)
+Everything it fetches, builds and writes goes under --work (default build/llama.cpp).
+"""
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NODE_LLAMA_CPP = "node-llama-cpp@3.22.1"  # pinned: the llama.cpp release is the one its bundle holds
+PROMPT = "The capital of France is"
+TARGETS = ["llama-bench", "llama-simple", "llama-quantize"]
+
+
+def log(msg):
+    print(f"[vs] {msg}", file=sys.stderr, flush=True)
+
+
+def fail(msg):
+    print(f"vs_llama_cpp: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run(cmd, capture=True):
+    """Runs cmd; on failure names it and shows the end of what it printed. Without capture, what it
+    prints goes to stderr as it comes (progress), keeping stdout for the results."""
+    try:
+        if capture:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        else:
+            sys.stderr.flush()
+            r = subprocess.run(cmd, stdout=sys.stderr.fileno(), text=True)
+    except OSError as e:
+        fail(f"{cmd[0]}: {e}")
+    if r.returncode != 0:
+        tail = ((r.stderr or "") + (r.stdout or ""))[-3000:] if capture else "(its output is above)"
+        fail(f"`{' '.join(cmd)}` exited with {r.returncode}\n{tail}")
+    return r
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fetch_llama_source(work):
+    src = os.path.join(work, "src")
+    if os.path.isfile(os.path.join(src, "CMakeLists.txt")):
+        return src
+    for tool in ("npm", "git", "tar"):
+        if not shutil.which(tool):
+            fail(f"{tool} not found (make vs-llama-cpp installs it)")
+    dl = os.path.join(work, "download")
+    os.makedirs(dl, exist_ok=True)
+    log(f"fetching llama.cpp's source: npm pack {NODE_LLAMA_CPP} (about 35 MB)")
+    r = run(["npm", "pack", NODE_LLAMA_CPP, "--pack-destination", dl, "--silent"])
+    tgz = os.path.join(dl, r.stdout.strip().splitlines()[-1])
+    run(["tar", "-xzf", tgz, "-C", dl, "package/llama/gitRelease.bundle", "package/llama/llama.cpp.info.json"])
+    tmp = src + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    run(["git", "clone", "--quiet", os.path.join(dl, "package/llama/gitRelease.bundle"), tmp])
+    os.replace(tmp, src)
+    return src
+
+
+def llama_release(work):
+    try:
+        with open(os.path.join(work, "download/package/llama/llama.cpp.info.json")) as f:
+            return json.load(f).get("tag", "?")
+    except (OSError, ValueError):
+        return "?"
+
+
+AMX_TILECFG = "    _tile_loadconfig(&tc);\n"
+AMX_BARRIER = '    __asm__ __volatile__("" : : "r"(&tc) : "memory"); /* q3moe: tile config stored first */\n'
+
+
+def fix_ggml_amx(src):
+    """ggml's AMX kernels die with SIGILL at their first TILELOADD when GCC drops the stores that fill
+    the tile configuration before LDTILECFG (llama.cpp PR #26954, open). A compiler barrier between
+    them keeps the stores; nothing else changes."""
+    path = os.path.join(src, "ggml", "src", "ggml-cpu", "amx", "mmq.cpp")
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        fail(f"{path}: {e}")
+    if AMX_BARRIER in text:
+        return
+    if text.count(AMX_TILECFG) != 1:
+        fail(f"{path}: not the llama.cpp release this script patches (use --no-llama-amx)")
+    with open(path, "w") as f:
+        f.write(text.replace(AMX_TILECFG, AMX_BARRIER + AMX_TILECFG))
+
+
+def build_llama(work, src, amx, jobs):
+    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_OPENMP=ON", "-DLLAMA_CURL=OFF",
+             "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF"]
+    name, note = "build", "-march=native"
+    if "amx_tile" in cpu_flags():
+        if amx:
+            fix_ggml_amx(src)
+            name, note = "build-amxfix", "-march=native, ggml's AMX kernels with the tile-configuration fix"
+        else:
+            # -march=native without the AMX kernels
+            no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            flags += [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
+            name, note = "build-noamx", "-march=native without AMX"
+    bdir = os.path.join(work, name)
+    bins = os.path.join(bdir, "bin")
+    if all(os.path.isfile(os.path.join(bins, t)) for t in TARGETS):
+        return bins, flags, note
+    for tool in ("cmake", "c++"):
+        if not shutil.which(tool):
+            fail(f"{tool} not found (make vs-llama-cpp installs it)")
+    log(f"building llama.cpp ({', '.join(TARGETS)}) in {bdir}: a few minutes")
+    run(["cmake", "-S", src, "-B", bdir] + flags)
+    run(["cmake", "--build", bdir, "-j", str(jobs), "--target"] + TARGETS, capture=False)
+    return bins, flags, note
+
+
+def checkpoint_key(d):
+    """A name for files made from checkpoint d that changes when its config or weights change."""
+    h = hashlib.sha1()
+    try:
+        with open(os.path.join(d, "config.json"), "rb") as f:
+            h.update(f.read())
+        for fn in sorted(os.listdir(d)):
+            if fn.endswith(".safetensors"):
+                st = os.stat(os.path.join(d, fn))
+                h.update(f"{fn}:{st.st_size}:{st.st_mtime_ns}".encode())
+    except OSError as e:
+        fail(f"-m {d}: {e}")
+    return f"{os.path.basename(os.path.normpath(d))}-{h.hexdigest()[:12]}"
+
+
+def checkpoint_bytes(d):
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors"))
+
+
+def need_space(path, nbytes, what):
+    free = shutil.disk_usage(path).free
+    if free < nbytes + (1 << 30):
+        fail(f"{path}: {free / 1e9:.1f} GB free, {what} needs about {nbytes / 1e9:.1f} GB (and 1 GB to spare)")
+
+
+def make_file(out, what, est_bytes, cmd, show=True):
+    if os.path.isfile(out):
+        return out
+    need_space(os.path.dirname(out), est_bytes, what)
+    log(f"writing {what}: {out}")
+    tmp = out + ".part"
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+    run([c.replace("{out}", tmp) for c in cmd], capture=not show)
+    os.replace(tmp, out)
+    return out
+
+
+def read_through(paths):
+    """Reads files once, so that neither side's timed runs start by reading the disk."""
+    total = sum(os.path.getsize(p) for p in paths)
+    log(f"reading {total / 1e9:.1f} GB into the page cache")
+    buf = bytearray(16 << 20)
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
+        if total > 0.9 * avail:
+            log(f"warning: the pair's files ({total / 1e9:.1f} GB) nearly fill the memory available "
+                f"({avail / 1e9:.1f} GB), so some runs will read from disk")
+    except (OSError, StopIteration):
+        pass
+
+
+def greedy_check(bins, gguf, model, q3moe, threads):
+    """llama.cpp's greedy continuation on the F16 GGUF must start with q3moe's first 4 tokens on the
+    BF16 checkpoint: otherwise the two runs are not of the same model."""
+    r = run([os.path.join(bins, "llama-simple"), "-m", gguf, "-n", "8", PROMPT])
+    theirs = r.stdout
+    if not theirs.startswith(PROMPT):
+        fail(f"llama-simple printed {theirs[:200]!r}, not the prompt and its continuation")
+    theirs = theirs[len(PROMPT):]
+    ours = run([q3moe, "generate", "-m", model, "-p", PROMPT, "-n", "4", "--temp", "0", "--ignore-eos",
+                "-t", str(threads)]).stdout
+    if not ours or not theirs.startswith(ours):
+        fail(f"{gguf}: llama.cpp's greedy continuation {theirs!r} does not start with q3moe's {ours!r}: "
+             "the GGUF is not the same model, so the timings would not compare")
+    log(f"greedy check: llama.cpp's 8 tokens start with q3moe's 4 ({ours!r})")
+
+
+def llama_bench(bins, gguf, threads, prompts, n_dec, depth, extra):
+    lb = [os.path.join(bins, "llama-bench"), "-m", gguf, "-t", str(threads), "-r", "1", "-o", "json"] + extra
+    out = {"prefill": {}, "decode_ms": None}
+    if prompts:
+        for row in json.loads(run(lb + ["-p", ",".join(map(str, prompts)), "-n", "0"]).stdout):
+            out["prefill"][row["n_prompt"]] = row["avg_ts"]
+    if n_dec:
+        row = json.loads(run(lb + ["-p", "0", "-n", str(n_dec), "-d", str(depth)]).stdout)[0]
+        out["decode_ms"] = 1e3 / row["avg_ts"]
+    return out
+
+
+def q3moe_bench(q3moe, model, threads, prompts, n_dec, depth, extra):
+    with tempfile.TemporaryDirectory() as td:
+        js = os.path.join(td, "b.json")
+        run([q3moe, "bench", "-m", model, "-t", str(threads), "-r", "1", "-p", ",".join(map(str, prompts)) or "0",
+             "-n", str(n_dec), "--depth", str(depth), "--no-ttft", "--no-membw", "--temp", "0", "--json", js] + extra)
+        with open(js) as f:
+            j = json.load(f)
+    out = {"prefill": {p["tokens"]: p["tokens_per_s"] for p in j.get("prefill", [])}, "decode_ms": None}
+    if n_dec:
+        out["decode_ms"] = j["decode"]["ms_mean"]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", dest="model", required=True, help="Hugging Face checkpoint directory (Qwen3-MoE or Qwen3)")
+    ap.add_argument("-p", dest="prompts", default="128,512", help="prompt lengths for prefill (default 128,512; 0 = none)")
+    ap.add_argument("-n", dest="n_dec", type=int, default=64, help="decode steps (default 64; 0 = none)")
+    ap.add_argument("--depth", type=int, default=128, help="tokens in the KV cache before decode (default 128)")
+    ap.add_argument("-r", dest="rounds", type=int, default=3, help="alternating rounds per pair (default 3)")
+    ap.add_argument("-t", dest="threads", type=int, default=os.cpu_count(), help="threads for both (default: all cores)")
+    ap.add_argument("--pairs", default=None, help="bf16,w4a8,w4a8i (default: bf16,w4a8 for MoE, bf16 for dense)")
+    ap.add_argument("--work", default=os.path.join(ROOT, "build", "llama.cpp"), help="where llama.cpp and the "
+                    "converted files go (default build/llama.cpp)")
+    ap.add_argument("--no-llama-amx", dest="llama_amx", action="store_false", help="on AMX CPUs, build llama.cpp "
+                    "without its AMX kernels (by default they are built, with a one-line fix; see BENCHMARKS.md)")
+    ap.add_argument("--q3moe-opts", default="", help="more options for q3moe bench, e.g. --q3moe-opts=--hugepages "
+                    "(with =, since they start with -)")
+    ap.add_argument("--llama-opts", default="", help="more options for llama-bench, e.g. --llama-opts=\"-lm none\"")
+    ap.add_argument("--json", help="also write the results as JSON (an existing file is refused unless --force)")
+    ap.add_argument("--force", action="store_true", help="overwrite the --json file")
+    a = ap.parse_args()
+
+    try:
+        prompts = [int(x) for x in a.prompts.split(",") if x.strip() and int(x) > 0]
+    except ValueError:
+        fail(f"-p {a.prompts}: expected comma-separated token counts")
+    for name, v, lo in (("-n", a.n_dec, 0), ("--depth", a.depth, 0), ("-r", a.rounds, 1), ("-t", a.threads, 1)):
+        if v < lo:
+            fail(f"{name} {v}: must be at least {lo}")
+    if not prompts and not a.n_dec:
+        fail("nothing to measure: -p 0 and -n 0")
+    try:
+        q3moe_opts, llama_opts = shlex.split(a.q3moe_opts), shlex.split(a.llama_opts)
+    except ValueError as e:
+        fail(f"--q3moe-opts / --llama-opts: {e}")
+    if a.json and os.path.exists(a.json) and not a.force:
+        fail(f"--json {a.json} exists (--force overwrites it)")
+    model = os.path.abspath(a.model)
+    try:
+        with open(os.path.join(model, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"-m {a.model}: {e}")
+    moe = cfg.get("model_type") == "qwen3_moe"
+    pairs = (a.pairs or ("bf16,w4a8" if moe else "bf16")).split(",")
+    for p in pairs:
+        if p not in ("bf16", "w4a8", "w4a8i"):
+            fail(f"--pairs: unknown pair {p!r} (bf16, w4a8, w4a8i)")
+        if p != "bf16" and not moe:
+            fail(f"--pairs {p}: needs a Qwen3-MoE checkpoint (llama.cpp's MXFP4_MOE quantizes experts)")
+    q3moe = os.path.join(ROOT, "build", "q3moe")
+    if not os.access(q3moe, os.X_OK):
+        fail(f"{q3moe} not found: run make first")
+
+    work = os.path.abspath(a.work)
+    os.makedirs(os.path.join(work, "models"), exist_ok=True)
+    jobs = os.cpu_count() or 1
+    src = fetch_llama_source(work)
+    bins, flags, build_note = build_llama(work, src, a.llama_amx, jobs)
+    key = os.path.join(work, "models", checkpoint_key(model))
+    size = checkpoint_bytes(model)
+    gguf_py = os.path.join(src, "gguf-py")
+    f16 = make_file(key + "-f16.gguf", "the F16 GGUF", size,
+                    [sys.executable, os.path.join(ROOT, "tools", "hf_to_gguf.py"), model, "{out}", "--gguf-py", gguf_py])
+    greedy_check(bins, f16, model, q3moe, a.threads)
+
+    files = {"bf16": (f16, model)}
+    if any(p != "bf16" for p in pairs):
+        mx = make_file(key + "-mxfp4moe.gguf", "the MXFP4_MOE GGUF", size // 3,
+                       [os.path.join(bins, "llama-quantize"), f16, "{out}", "MXFP4_MOE", str(jobs)], show=False)
+        for p, extra in (("w4a8", ["--quant", "w4a8", "--head", "mxfp8"]), ("w4a8i", ["--quant", "w4a8i"])):
+            if p in pairs:
+                q3m = make_file(f"{key}-{p}.q3m", f"q3moe's {p} file", size // 3,
+                                [q3moe, "convert", "-m", model, "-o", "{out}"] + extra)
+                files[p] = (mx, q3m)
+
+    results = {}
+    for p in pairs:
+        theirs, ours = files[p]
+        read_through([theirs] + ([os.path.join(ours, f) for f in os.listdir(ours) if f.endswith(".safetensors")]
+                                 if os.path.isdir(ours) else [ours]))
+        rounds = []
+        for r in range(a.rounds):
+            log(f"{p}: round {r + 1}/{a.rounds}")
+            run_l = lambda: llama_bench(bins, theirs, a.threads, prompts, a.n_dec, a.depth, llama_opts)  # noqa: E731
+            run_q = lambda: q3moe_bench(q3moe, ours, a.threads, prompts, a.n_dec, a.depth, q3moe_opts)  # noqa: E731
+            if r % 2 == 0:
+                l, q = run_l(), run_q()
+            else:
+                q, l = run_q(), run_l()
+            rounds.append({"llama.cpp": l, "q3moe": q})
+        results[p] = rounds
+
+    labels = {"bf16": ("F16", "BF16"), "w4a8": ("MXFP4_MOE", "W4A8, head MXFP8"), "w4a8i": ("MXFP4_MOE", "w4a8i")}
+    print(f"q3moe vs llama.cpp {llama_release(work)} ({build_note}) on {cpu_name()}, {a.threads} threads, {a.model}")
+    if q3moe_opts or llama_opts:
+        print(f"q3moe bench {' '.join(q3moe_opts) or '(defaults)'}; llama-bench {' '.join(llama_opts) or '(defaults)'}")
+    print(f"medians of {a.rounds} alternating rounds; the ratio range is over the rounds; decode is the mean "
+          f"ms per token of {a.n_dec} steps after {a.depth} tokens\n")
+    print("| pair | test | llama.cpp | q3moe | q3moe speed-up (range) |")
+    print("|---|---|---|---|---|")
+    summary = {}
+    for p, rounds in results.items():
+        lt, qt = labels[p]
+        rows = [(f"prefill {n} (tok/s)", lambda s, n=n: s["prefill"][n], True) for n in prompts]
+        if a.n_dec:
+            rows.append((f"decode @{a.depth} (ms/token)", lambda s: s["decode_ms"], False))
+        summary[p] = {}
+        for test, get, higher_better in rows:
+            lv = [get(x["llama.cpp"]) for x in rounds]
+            qv = [get(x["q3moe"]) for x in rounds]
+            sp = [(q / l) if higher_better else (l / q) for l, q in zip(lv, qv)]
+            lm, qm = statistics.median(lv), statistics.median(qv)
+            ratio = qm / lm if higher_better else lm / qm
+            print(f"| {lt} vs {qt} | {test} | {lm:.2f} | {qm:.2f} | {ratio:.2f}x ({min(sp):.2f}-{max(sp):.2f}) |")
+            summary[p][test] = {"llama.cpp": lv, "q3moe": qv, "speedup_of_medians": ratio}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"llama_cpp_release": llama_release(work), "llama_cpp_cmake_flags": flags, "llama_cpp_build": build_note, "cpu": cpu_name(),
+                       "threads": a.threads, "q3moe_opts": q3moe_opts, "llama_opts": llama_opts, "model": model, "depth": a.depth, "decode_steps": a.n_dec,
+                       "rounds": a.rounds, "pairs": summary}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""bench/vs_llama_cpp.py refuses bad arguments before it fetches, builds or writes anything.
+
+The comparison itself needs llama.cpp built here (minutes, and the npm registry), so the suite does not
+run it; every run checks itself instead: llama.cpp's greedy tokens on the F16 GGUF must be q3moe's on the
+checkpoint before anything is timed. What the suite checks is that each bad argument is named on stderr
+with exit status 1, that --work stays untouched, and that an existing --json file is not overwritten.
+"""
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+Q3MOE = os.environ.get("Q3MOE") or os.path.join(ROOT, "build", "q3moe")
+SCRIPT = os.path.join(ROOT, "bench", "vs_llama_cpp.py")
+PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    """Checkpoint directories holding only config.json: nothing may read further before refusing."""
+    base = tmp_path_factory.mktemp("vs")
+    out = {}
+    for name, preset in (("moe", "tiny"), ("dense", "tiny-dense")):
+        d = base / name
+        subprocess.run([Q3MOE, "synth", "-o", str(d), "--preset", preset, "--dry-run"], check=True,
+                       capture_output=True)
+        out[name] = d
+    return out
+
+
+def refused(args, tmp_path, message):
+    work = tmp_path / "work"
+    p = subprocess.run([PYTHON, SCRIPT, "--work", str(work)] + [str(a) for a in args], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert message in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert not work.exists(), "the work folder was made before the arguments were checked"
+
+
+def test_missing_checkpoint(tmp_path):
+    refused(["-m", tmp_path / "nowhere"], tmp_path, f"-m {tmp_path / 'nowhere'}:")
+
+
+def test_config_not_json(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    refused(["-m", tmp_path / "bad"], tmp_path, f"-m {tmp_path / 'bad'}:")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-p", "12x"], "-p 12x: expected comma-separated token counts"),
+    (["-r", "0"], "-r 0: must be at least 1"),
+    (["-t", "0"], "-t 0: must be at least 1"),
+    (["-n", "-1"], "-n -1: must be at least 0"),
+    (["-p", "0", "-n", "0"], "nothing to measure"),
+    (["--pairs", "bf16,fp8"], "--pairs: unknown pair 'fp8'"),
+    (["--q3moe-opts='--hugepages"], "--q3moe-opts / --llama-opts: No closing quotation"),
+])
+def test_bad_arguments(configs, tmp_path, args, message):
+    refused(["-m", configs["moe"]] + args, tmp_path, message)
+
+
+def test_quantized_pair_needs_moe(configs, tmp_path):
+    refused(["-m", configs["dense"], "--pairs", "w4a8"], tmp_path, "--pairs w4a8: needs a Qwen3-MoE checkpoint")
+
+
+def test_json_not_overwritten(configs, tmp_path):
+    js = tmp_path / "vs.json"
+    js.write_text("mine")
+    refused(["-m", configs["moe"], "--json", js], tmp_path, f"--json {js} exists (--force overwrites it)")
+    assert js.read_text() == "mine"
