@@ -10,7 +10,7 @@ llama-bench and q3moe bench in alternating rounds and prints both, with their ra
 Pairs (--pairs):
   bf16    llama.cpp F16          vs  q3moe on the checkpoint as stored (BF16)
   w4a8    llama.cpp MXFP4_MOE    vs  q3moe W4A8 with an MXFP8 lm_head (about the same bytes)
-  w4a8i   llama.cpp MXFP4_MOE    vs  q3moe w4a8i (MXINT8 attention, lm_head and inputs)
+  w4a8i   llama.cpp MXFP4_MOE    vs  q3moe w4a8i with an MXINT8 lm_head (integer kernels)
 Everything it fetches, builds and writes goes under --work (default build/llama.cpp).
 """
 import argparse
@@ -29,6 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODE_LLAMA_CPP = "node-llama-cpp@3.22.1"  # pinned: the llama.cpp release is the one its bundle holds
 PROMPT = "The capital of France is"
 TARGETS = ["llama-bench", "llama-simple", "llama-quantize"]
+# q3moe's side of the quantized pairs: `q3moe convert` options and the label. The lm_head is quantized
+# too, as MXFP4_MOE's Q8_0 one is, so both read about the same bytes per token.
+Q3M_PAIRS = {
+    "w4a8": (["--quant", "w4a8", "--head", "mxfp8"], "W4A8, head MXFP8"),
+    "w4a8i": (["--quant", "w4a8i", "--head", "mxint8"], "w4a8i, head MXINT8"),
+}
 
 
 def log(msg):
@@ -297,7 +303,7 @@ def main():
     moe = cfg.get("model_type") == "qwen3_moe"
     pairs = (a.pairs or ("bf16,w4a8" if moe else "bf16")).split(",")
     for p in pairs:
-        if p not in ("bf16", "w4a8", "w4a8i"):
+        if p != "bf16" and p not in Q3M_PAIRS:
             fail(f"--pairs: unknown pair {p!r} (bf16, w4a8, w4a8i)")
         if p != "bf16" and not moe:
             fail(f"--pairs {p}: needs a Qwen3-MoE checkpoint (llama.cpp's MXFP4_MOE quantizes experts)")
@@ -321,9 +327,10 @@ def main():
     if any(p != "bf16" for p in pairs):
         mx = make_file(key + "-mxfp4moe.gguf", "the MXFP4_MOE GGUF", size // 3,
                        [os.path.join(bins, "llama-quantize"), f16, "{out}", "MXFP4_MOE", str(jobs)], show=False)
-        for p, extra in (("w4a8", ["--quant", "w4a8", "--head", "mxfp8"]), ("w4a8i", ["--quant", "w4a8i"])):
+        for p, (extra, _) in Q3M_PAIRS.items():
             if p in pairs:
-                q3m = make_file(f"{key}-{p}.q3m", f"q3moe's {p} file", size // 3,
+                opts = hashlib.sha1(" ".join(extra).encode()).hexdigest()[:8]  # new options, new file
+                q3m = make_file(f"{key}-{p}-{opts}.q3m", f"q3moe's {p} file", size // 3,
                                 [q3moe, "convert", "-m", model, "-o", "{out}"] + extra)
                 files[p] = (mx, q3m)
 
@@ -344,7 +351,8 @@ def main():
             rounds.append({"llama.cpp": l, "q3moe": q})
         results[p] = rounds
 
-    labels = {"bf16": ("F16", "BF16"), "w4a8": ("MXFP4_MOE", "W4A8, head MXFP8"), "w4a8i": ("MXFP4_MOE", "w4a8i")}
+    labels = {"bf16": ("F16", "BF16")}
+    labels.update({p: ("MXFP4_MOE", label) for p, (_, label) in Q3M_PAIRS.items()})
     print(f"q3moe vs llama.cpp {llama_release(work)} ({build_note}) on {cpu_name()}, {a.threads} threads, {a.model}")
     if q3moe_opts or llama_opts:
         print(f"q3moe bench {' '.join(q3moe_opts) or '(defaults)'}; llama-bench {' '.join(llama_opts) or '(defaults)'}")
