@@ -120,13 +120,11 @@ gemm-ab: $(LIB_REL) $(BENCH_OBJ)
 		bench/kernel_bench.c build/ab/rev.o build/ab/this.o $(BENCH_OBJ) $(LIB_REL) $(LDLIBS)
 
 # q3moe against llama.cpp built here, on the same weights: bench/vs_llama_cpp.py
-# (its --help). VS_MODEL defaults to the demo checkpoint, made if missing.
-VS_MODEL ?= build/demo-model
+# (its --help). Without VS_MODEL, the demo checkpoint (made if missing).
 vs-llama-cpp: all
 	@bash tools/setup.sh --llama-cpp
-	@[ "$(VS_MODEL)" != build/demo-model ] || [ -f build/demo-model/config.json ] || \
-		build/q3moe synth -o build/demo-model --preset tiny --seed 1
-	@$(PYTHON) bench/vs_llama_cpp.py -m $(VS_MODEL) $(VS_ARGS)
+	@if [ -z "$(VS_MODEL)" ]; then bash tools/demo.sh --checkpoint-only; fi
+	@$(PYTHON) bench/vs_llama_cpp.py -m $(or $(VS_MODEL),$${Q3MOE_DEMO_MODEL:-build/demo-model}) $(VS_ARGS)
 
 asan: build/asan/q3moe $(UNIT_SAN) $(REPLAY_BINS)
 unit: $(UNIT_REL) $(UNIT_SAN)

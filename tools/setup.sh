@@ -10,25 +10,25 @@ cd "$(dirname "$0")/.."
 
 APT_PKGS=(gcc make pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libyaml-dev
           libopenmpi-dev openmpi-bin python3 python3-numpy python3-torch python3-pytest)
-fuzz=0 only=""
+what=""  # set for the partial set-ups below, which install only their own tools
 case "${1:-}" in
-    --fuzz) fuzz=1 only="fuzzing toolchain" ;;
-    --llama-cpp) only="llama.cpp build tools" ;;
+    --fuzz)
+        # `make fuzz`: only the fuzzing toolchain: clang, its libFuzzer and
+        # sanitizer runtimes, its OpenMP runtime.
+        APT_PKGS=(clang libclang-rt-dev libomp-dev) what="fuzzing toolchain" ;;
+    --llama-cpp)
+        # `make vs-llama-cpp`: what bench/vs_llama_cpp.py needs besides q3moe's
+        # own set-up: npm and git to fetch llama.cpp's source, cmake and g++ to
+        # build it, numpy for tools/hf_to_gguf.py.
+        APT_PKGS=(cmake g++ git python3-numpy) what="llama.cpp build tools"
+        command -v npm >/dev/null 2>&1 || APT_PKGS+=(npm) ;;
+    "")
+        command -v node >/dev/null 2>&1 || APT_PKGS+=(nodejs)
+        command -v npm >/dev/null 2>&1 || APT_PKGS+=(npm) ;;
+    *)
+        echo "setup: unknown option $1 (--fuzz, --llama-cpp, or none)" >&2
+        exit 2 ;;
 esac
-if ((fuzz)); then
-    # `make fuzz`: only the fuzzing toolchain: clang, its libFuzzer and
-    # sanitizer runtimes, its OpenMP runtime.
-    APT_PKGS=(clang libclang-rt-dev libomp-dev)
-elif [ -n "$only" ]; then
-    # `make vs-llama-cpp`: what bench/vs_llama_cpp.py needs besides q3moe's
-    # own set-up: npm and git to fetch llama.cpp's source, cmake and g++ to
-    # build it, numpy for tools/hf_to_gguf.py.
-    APT_PKGS=(cmake g++ git python3-numpy)
-    command -v npm >/dev/null 2>&1 || APT_PKGS+=(npm)
-else
-    command -v node >/dev/null 2>&1 || APT_PKGS+=(nodejs)
-    command -v npm >/dev/null 2>&1 || APT_PKGS+=(npm)
-fi
 
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -45,8 +45,8 @@ if ((${#missing[@]})); then
     $SUDO apt-get update -q
     $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-if [ -n "$only" ]; then
-    echo "setup: $only OK" >&2
+if [ -n "$what" ]; then
+    echo "setup: $what OK" >&2
     exit 0
 fi
 
