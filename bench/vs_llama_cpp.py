@@ -46,19 +46,24 @@ def fail(msg):
     sys.exit(1)
 
 
-def run(cmd, capture=True):
+def run(cmd, capture=True, raw=False):
     """Runs cmd; on failure names it and shows the end of what it printed. Without capture, what it
-    prints goes to stderr as it comes (progress), keeping stdout for the results."""
+    prints goes to stderr as it comes (progress), keeping stdout for the results. With raw, stdout is
+    bytes: generated text can end inside a UTF-8 sequence."""
     try:
         if capture:
-            r = subprocess.run(cmd, capture_output=True, text=True)
+            r = subprocess.run(cmd, capture_output=True)
+            r.stderr = r.stderr.decode(errors="replace")
+            if not raw:
+                r.stdout = r.stdout.decode(errors="replace")
         else:
             sys.stderr.flush()
-            r = subprocess.run(cmd, stdout=sys.stderr.fileno(), text=True)
+            r = subprocess.run(cmd, stdout=sys.stderr.fileno())
     except OSError as e:
         fail(f"{cmd[0]}: {e}")
     if r.returncode != 0:
-        tail = ((r.stderr or "") + (r.stdout or ""))[-3000:] if capture else "(its output is above)"
+        out = r.stdout.decode(errors="replace") if raw else r.stdout
+        tail = ((r.stderr or "") + (out or ""))[-3000:] if capture else "(its output is above)"
         fail(f"`{' '.join(cmd)}` exited with {r.returncode}\n{tail}")
     return r
 
@@ -221,17 +226,18 @@ def read_through(paths):
 def greedy_check(bins, gguf, model, q3moe, threads):
     """llama.cpp's greedy continuation on the F16 GGUF must start with q3moe's first 4 tokens on the
     BF16 checkpoint: otherwise the two runs are not of the same model."""
-    r = run([os.path.join(bins, "llama-simple"), "-m", gguf, "-n", "8", PROMPT])
-    theirs = r.stdout
-    if not theirs.startswith(PROMPT):
+    # bytes: llama-simple prints each token's piece as it is, even part of a UTF-8 character
+    theirs = run([os.path.join(bins, "llama-simple"), "-m", gguf, "-n", "8", PROMPT], raw=True).stdout
+    prompt = PROMPT.encode()
+    if not theirs.startswith(prompt):
         fail(f"llama-simple printed {theirs[:200]!r}, not the prompt and its continuation")
-    theirs = theirs[len(PROMPT):]
+    theirs = theirs[len(prompt):]
     ours = run([q3moe, "generate", "-m", model, "-p", PROMPT, "-n", "4", "--temp", "0", "--ignore-eos",
-                "-t", str(threads)]).stdout
+                "-t", str(threads)], raw=True).stdout
     if not ours or not theirs.startswith(ours):
         fail(f"{gguf}: llama.cpp's greedy continuation {theirs!r} does not start with q3moe's {ours!r}: "
              "the GGUF is not the same model, so the timings would not compare")
-    log(f"greedy check: llama.cpp's 8 tokens start with q3moe's 4 ({ours!r})")
+    log(f"greedy check: llama.cpp's 8 tokens start with q3moe's 4 ({ours.decode(errors='replace')!r})")
 
 
 def llama_bench(bins, gguf, threads, prompts, n_dec, depth, extra):
