@@ -259,7 +259,11 @@ def q3moe_bench(q3moe, model, threads, prompts, n_dec, depth, extra):
              "-n", str(n_dec), "--depth", str(depth), "--no-ttft", "--no-membw", "--temp", "0", "--json", js] + extra)
         with open(js) as f:
             j = json.load(f)
-    out = {"prefill": {p["tokens"]: p["tokens_per_s"] for p in j.get("prefill", [])}, "decode_ms": None}
+    out = {"prefill": {p["tokens"]: p["tokens_per_s"] for p in j.get("prefill", [])}, "decode_ms": None,
+           # how much of the weights had 2 MiB page entries (or huge pages): the page cache's state moves
+           # a mapped decode's speed, so the rounds record it
+           "pmd_gb": (j["huge_page_bytes"] if j["hugepages"] else j["file_pmd_mapped_bytes"]) / 1e9,
+           "model_gb": j["model"]["bytes"] / 1e9}
     if n_dec:
         out["decode_ms"] = j["decode"]["ms_mean"]
     return out
@@ -381,6 +385,12 @@ def main():
             ratio = qm / lm if higher_better else lm / qm
             print(f"| {lt} vs {qt} | {test} | {lm:.2f} | {qm:.2f} | {ratio:.2f}x ({min(sp):.2f}-{max(sp):.2f}) |")
             summary[p][test] = {"llama.cpp": lv, "q3moe": qv, "speedup_of_medians": ratio}
+        summary[p]["q3moe_2mib_page_gb"] = [x["q3moe"]["pmd_gb"] for x in rounds]
+    print()
+    for p, rounds in results.items():
+        gb = [x["q3moe"]["pmd_gb"] for x in rounds]
+        print(f"{labels[p][1]}: q3moe's weights under 2 MiB pages, by round: "
+              f"{', '.join(f'{g:.1f}' for g in gb)} of {rounds[0]['q3moe']['model_gb']:.1f} GB")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"llama_cpp_release": llama_release(work), "llama_cpp_cmake_flags": flags, "llama_cpp_build": build_note, "cpu": cpu_name(),
