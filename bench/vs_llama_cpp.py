@@ -290,9 +290,12 @@ def main():
     a = ap.parse_args()
 
     try:
-        prompts = [int(x) for x in a.prompts.split(",") if x.strip() and int(x) > 0]
+        prompts = [int(x) for x in a.prompts.split(",")]
     except ValueError:
+        prompts = [-1]
+    if any(n < 0 for n in prompts):
         fail(f"-p {a.prompts}: expected comma-separated token counts")
+    prompts = [n for n in prompts if n > 0]
     for name, v, lo in (("-n", a.n_dec, 0), ("--depth", a.depth, 0), ("-r", a.rounds, 1), ("-t", a.threads, 1)):
         if v < lo:
             fail(f"{name} {v}: must be at least {lo}")
@@ -310,7 +313,9 @@ def main():
             cfg = json.load(f)
     except (OSError, ValueError) as e:
         fail(f"-m {a.model}: {e}")
-    moe = cfg.get("model_type") == "qwen3_moe"
+    if cfg.get("model_type") not in ("qwen3_moe", "qwen3"):
+        fail(f"-m {a.model}: model_type {cfg.get('model_type')!r} in config.json; q3moe runs qwen3_moe and qwen3")
+    moe = cfg["model_type"] == "qwen3_moe"
     pairs = (a.pairs or ("bf16,w4a8" if moe else "bf16")).split(",")
     for p in pairs:
         if p != "bf16" and p not in Q3M_PAIRS:
@@ -393,9 +398,10 @@ def main():
               f"{', '.join(f'{g:.1f}' for g in gb)} of {rounds[0]['q3moe']['model_gb']:.1f} GB")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"llama_cpp_release": llama_release(work), "llama_cpp_cmake_flags": flags, "llama_cpp_build": build_note, "cpu": cpu_name(),
-                       "threads": a.threads, "q3moe_opts": q3moe_opts, "llama_opts": llama_opts, "model": model, "depth": a.depth, "decode_steps": a.n_dec,
-                       "rounds": a.rounds, "pairs": summary}, f, indent=1)
+            json.dump({"llama_cpp_release": llama_release(work), "llama_cpp_cmake_flags": flags,
+                       "llama_cpp_build": build_note, "cpu": cpu_name(), "threads": a.threads,
+                       "q3moe_opts": q3moe_opts, "llama_opts": llama_opts, "model": model, "depth": a.depth,
+                       "decode_steps": a.n_dec, "rounds": a.rounds, "pairs": summary}, f, indent=1)
 
 
 if __name__ == "__main__":

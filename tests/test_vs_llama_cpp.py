@@ -51,6 +51,7 @@ def test_config_not_json(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["-p", "12x"], "-p 12x: expected comma-separated token counts"),
+    (["-p", "128,-5"], "-p 128,-5: expected comma-separated token counts"),
     (["-r", "0"], "-r 0: must be at least 1"),
     (["-t", "0"], "-t 0: must be at least 1"),
     (["-n", "-1"], "-n -1: must be at least 0"),
@@ -60,6 +61,12 @@ def test_config_not_json(tmp_path):
 ])
 def test_bad_arguments(configs, tmp_path, args, message):
     refused(["-m", configs["moe"]] + args, tmp_path, message)
+
+
+def test_other_architecture(tmp_path):
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
+    refused(["-m", tmp_path / "llama"], tmp_path, "model_type 'llama' in config.json")
 
 
 def test_quantized_pair_needs_moe(configs, tmp_path):
