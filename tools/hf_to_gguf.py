@@ -75,13 +75,17 @@ def main():
     if mtype not in ("qwen3_moe", "qwen3"):
         fail(f"{d}/config.json: model_type {mtype!r}: only qwen3_moe and qwen3 are written")
     moe = mtype == "qwen3_moe"
-    if moe and cfg.get("mlp_only_layers"):
-        fail(f"{d}/config.json: mlp_only_layers is not empty; llama.cpp's qwen3moe has no dense layers")
+    if moe and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
+        fail(f"{d}/config.json: mlp_only_layers or decoder_sparse_step make dense layers; "
+             "llama.cpp's qwen3moe has none")
     index = index_safetensors(d)
 
-    def load(name, dtype):
+    def shape_of(name):
         if name not in index:
             fail(f"{d}: tensor {name} not found in the *.safetensors files")
+        return index[name][2]
+
+    def load(name, dtype):  # every name was checked by shape_of when the plan was made
         path, dt, shape, off = index[name]
         count = int(np.prod(shape))
         if dt == "BF16":
@@ -100,9 +104,7 @@ def main():
     plan = []  # (gguf name, shape, dtype, producer)
 
     def add(gname, hf, dtype):
-        if hf not in index:
-            fail(f"{d}: tensor {hf} not found in the *.safetensors files")
-        plan.append((gname, index[hf][2], dtype, lambda: load(hf, dtype)))
+        plan.append((gname, shape_of(hf), dtype, lambda: load(hf, dtype)))
 
     L = cfg["num_hidden_layers"]
     add("token_embd.weight", "model.embed_tokens.weight", np.float16)
@@ -123,11 +125,9 @@ def main():
         E = cfg["num_experts"]
         for hf, g in parts:
             names = [p + f"mlp.experts.{e}.{hf}.weight" for e in range(E)]
-            for n in names:
-                if n not in index:
-                    fail(f"{d}: tensor {n} not found in the *.safetensors files")
+            shape = [shape_of(n) for n in names][0]
             # llama.cpp keeps a layer's experts as one 3-D tensor, expert-major
-            plan.append((b + g + "_exps.weight", [E] + index[names[0]][2], np.float16,
+            plan.append((b + g + "_exps.weight", [E] + shape, np.float16,
                          lambda names=names: np.stack([load(n, np.float16) for n in names])))
     add("output_norm.weight", "model.norm.weight", np.float32)
     if "lm_head.weight" in index and not cfg.get("tie_word_embeddings", False):
