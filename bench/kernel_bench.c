@@ -30,7 +30,11 @@
  * time; in force on Zen 4), each beside a plain read of its bytes,
  * alternating in one process, for the AVX-512 and the AVX2 tables where the
  * CPU has them (rows split evenly over the threads; transparent huge pages):
- *   build/kernel_bench prefetch [rows cols pairs] */
+ *   build/kernel_bench prefetch [rows cols pairs]
+ * The BF16P GEMV against the BF16 one on the same values (normal weights,
+ * sd 0.02), alternating in one process, per table, GB/s of BF16 bytes
+ * (what a BF16 GEMV of that speed would read), best of each round:
+ *   build/kernel_bench bf16p [rows cols rounds] */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -43,6 +47,7 @@
 #include "io/safetensors.h"
 #include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "quant/bf16p.h"
 #include "quant/mx.h"
 
 #include <sys/mman.h>
@@ -540,7 +545,55 @@ static int prefetch_bench(int M, int K, int pairs) {
     return 0;
 }
 
+static int bf16p_bench(int M, int K, int rounds) {
+    if (M < 1 || K < 64 || K % 64 || rounds < 1 || rounds > 1000) {
+        fprintf(stderr, "kernel_bench bf16p: rows >= 1, cols a multiple of 64, 1 <= rounds <= 1000\n");
+        return 2;
+    }
+    const size_t n = (size_t)M * K, rb = q3_bf16p_row_bytes((size_t)K);
+    uint16_t *w = big_alloc(n * 2);
+    uint8_t *p = big_alloc((size_t)M * rb), *side = malloc((size_t)M * K / 64 * Q3_BF16P_RAW_BYTES);
+    float *x = malloc((size_t)K * 4), *out = malloc((size_t)M * 4);
+    if (!w || !p || !side || !x || !out) {
+        fprintf(stderr, "kernel_bench bf16p: out of memory for %zu MiB\n", n * 2 >> 20);
+        return 1;
+    }
+    uint64_t st = 88172645463325252ull;
+    for (size_t i = 0; i < n; i++) { /* about normal: a sum of four uniforms */
+        float s = 0;
+        for (int j = 0; j < 4; j++) st ^= st << 13, st ^= st >> 7, st ^= st << 17, s += (float)(st >> 40) / 16777216.0f - 0.5f;
+        w[i] = q3_f32_to_bf16(s * 1.7320508f * 0.02f);
+    }
+    size_t raw = 0;
+    for (int r = 0; r < M; r++) raw += q3_bf16p_pack_row(w + (size_t)r * K, (size_t)K, p + (size_t)r * rb, side, raw);
+    for (int k = 0; k < K; k++) x[k] = (float)(k % 17) / 17.0f - 0.5f;
+    const q3_mat Wb = {.data = w, .dtype = Q3_BF16, .rows = M, .cols = K};
+    const q3_mat Wp = {.data = p, .dtype = Q3_BF16P, .rows = M, .cols = K, .scales = side, .side_groups = raw};
+    printf("BF16P GEMV %dx%d: %.0f MiB as BF16, %.0f MiB packed (%.3f %% of groups raw), %d threads; GB/s of BF16 bytes\n", M, K,
+           n * 2 / 1048576.0, M * rb / 1048576.0, 100.0 * raw / (n / 64), omp_get_max_threads());
+    for (int isa = Q3_ISA_AVX2; isa <= Q3_ISA_AVX512; isa++) {
+        q3_kernels_force((q3_isa)isa);
+        if ((int)q3_kernels_isa() != isa) continue;
+        const q3_isa_kernels *k = q3_isa_current();
+        printf("%s:", q3_isa_name((q3_isa)isa));
+        for (int r = 0; r < rounds; r++) {
+            double tb = 1e30, tp = 1e30;
+            for (int i = 0; i < 3; i++) {
+                const double a = gemv_time(k, out, x, &Wb), b = gemv_time(k, out, x, &Wp);
+                tb = a < tb ? a : tb, tp = b < tp ? b : tp;
+            }
+            printf("  bf16 %.1f / bf16p %.1f", n * 2 / tb / 1e9, n * 2 / tp / 1e9);
+        }
+        printf("\n");
+    }
+    q3_kernels_force(Q3_ISA_COUNT - 1);
+    free(w), free(p), free(side), free(x), free(out);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "bf16p"))
+        return bf16p_bench(argc > 2 ? atoi(argv[2]) : 262144, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 3);
     if (argc > 1 && !strcmp(argv[1], "prefetch"))
         return prefetch_bench(argc > 2 ? atoi(argv[2]) : 262144, argc > 3 ? atoi(argv[3]) : 2048, argc > 4 ? atoi(argv[4]) : 10);
     if (argc > 1 && !strcmp(argv[1], "gemm-ab")) {

@@ -9,6 +9,7 @@ llama-bench and q3moe bench in alternating rounds and prints both, with their ra
 
 Pairs (--pairs):
   bf16    llama.cpp F16          vs  q3moe on the checkpoint as stored (BF16)
+  bf16p   llama.cpp F16          vs  q3moe BF16P (the same BF16 values packed losslessly in 12.5 bits)
   w4a8    llama.cpp MXFP4_MOE    vs  q3moe W4A8 with an MXFP8 lm_head (about the same bytes)
   w4a8i   llama.cpp MXFP4_MOE    vs  q3moe w4a8i with an MXINT8 lm_head (integer kernels)
 Everything it fetches, builds and writes goes under --work (default build/llama.cpp).
@@ -35,6 +36,9 @@ Q3M_PAIRS = {
     "w4a8": (["--quant", "w4a8", "--head", "mxfp8"], "W4A8, head MXFP8"),
     "w4a8i": (["--quant", "w4a8i", "--head", "mxint8"], "w4a8i, head MXINT8"),
 }
+# Pairs against llama.cpp's F16 file: q3moe's weights hold the same BF16 values.
+F16_PAIRS = {"bf16p": (["--quant", "bf16p"], "BF16P")}
+PAIR_NAMES = "bf16, bf16p, w4a8, w4a8i"
 
 
 def log(msg):
@@ -277,7 +281,7 @@ def main():
     ap.add_argument("--depth", type=int, default=128, help="tokens in the KV cache before decode (default 128)")
     ap.add_argument("-r", dest="rounds", type=int, default=3, help="alternating rounds per pair (default 3)")
     ap.add_argument("-t", dest="threads", type=int, default=os.cpu_count(), help="threads for both (default: all cores)")
-    ap.add_argument("--pairs", default=None, help="bf16,w4a8,w4a8i (default: bf16,w4a8 for MoE, bf16 for dense)")
+    ap.add_argument("--pairs", default=None, help="bf16,bf16p,w4a8,w4a8i (default: bf16,w4a8 for MoE, bf16 for dense)")
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "llama.cpp"), help="where llama.cpp and the "
                     "converted files go (default build/llama.cpp)")
     ap.add_argument("--no-llama-amx", dest="llama_amx", action="store_false", help="on AMX CPUs, build llama.cpp "
@@ -318,9 +322,9 @@ def main():
     moe = cfg["model_type"] == "qwen3_moe"
     pairs = (a.pairs or ("bf16,w4a8" if moe else "bf16")).split(",")
     for p in pairs:
-        if p != "bf16" and p not in Q3M_PAIRS:
-            fail(f"--pairs: unknown pair {p!r} (bf16, w4a8, w4a8i)")
-        if p != "bf16" and not moe:
+        if p != "bf16" and p not in Q3M_PAIRS and p not in F16_PAIRS:
+            fail(f"--pairs: unknown pair {p!r} ({PAIR_NAMES})")
+        if p in Q3M_PAIRS and not moe:
             fail(f"--pairs {p}: needs a Qwen3-MoE checkpoint (llama.cpp's MXFP4_MOE quantizes experts)")
     q3moe = os.path.join(ROOT, "build", "q3moe")
     if not os.access(q3moe, os.X_OK):
@@ -339,7 +343,12 @@ def main():
     greedy_check(bins, f16, model, q3moe, a.threads)
 
     files = {"bf16": (f16, model)}
-    if any(p != "bf16" for p in pairs):
+    for p, (extra, _) in F16_PAIRS.items():
+        if p in pairs:
+            opts = hashlib.sha1(" ".join(extra).encode()).hexdigest()[:8]
+            files[p] = (f16, make_file(f"{key}-{p}-{opts}.q3m", f"q3moe's {p} file", size * 4 // 5,
+                                       [q3moe, "convert", "-m", model, "-o", "{out}"] + extra))
+    if any(p in Q3M_PAIRS for p in pairs):
         mx = make_file(key + "-mxfp4moe.gguf", "the MXFP4_MOE GGUF", size // 3,
                        [os.path.join(bins, "llama-quantize"), f16, "{out}", "MXFP4_MOE", str(jobs)], show=False)
         for p, (extra, _) in Q3M_PAIRS.items():
@@ -368,6 +377,7 @@ def main():
 
     labels = {"bf16": ("F16", "BF16")}
     labels.update({p: ("MXFP4_MOE", label) for p, (_, label) in Q3M_PAIRS.items()})
+    labels.update({p: ("F16", label) for p, (_, label) in F16_PAIRS.items()})
     print(f"q3moe vs llama.cpp {llama_release(work)} ({build_note}) on {cpu_name()}, {a.threads} threads, {a.model}")
     if q3moe_opts or llama_opts:
         print(f"q3moe bench {' '.join(q3moe_opts) or '(defaults)'}; llama-bench {' '.join(llama_opts) or '(defaults)'}")

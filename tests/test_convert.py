@@ -79,7 +79,7 @@ def logits(m, out, *extra, env=None, ids=IDS):
 
 # ------------------------------------------------------- the file format
 
-DTYPES = {0: "F32", 1: "F16", 2: "BF16", 3: "MXFP8", 4: "MXFP4", 5: "MXINT8"}
+DTYPES = {0: "F32", 1: "F16", 2: "BF16", 3: "MXFP8", 4: "MXFP4", 5: "MXINT8", 6: "BF16P"}
 SECTIONS = {1: "config.json", 2: "tokenizer.json", 3: "tokenizer_config.json"}
 FNV_BASIS, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
 
@@ -453,6 +453,94 @@ def test_damaged_file_refused(converted, work, case):
     for w in words:
         assert w in p.stderr, f"{w!r} not in:\n{p.stderr}"
     assert not (work / "o.f32").exists()
+
+
+# ------------------------------------------------------------------ BF16P
+
+def bf16p_decode(data, side, rows, cols):
+    """BF16 words of a BF16P tensor, from the layout src/quant/bf16p.h describes."""
+    g = np.frombuffer(data, np.uint8).reshape(rows, cols // 64, 100)
+    hdr = g[..., 0:4].copy().view("<u4")[..., 0].astype(np.int64)
+    L = g[..., 4:68].astype(np.int64)
+    N = g[..., 68:100].astype(np.int64)
+    nib = np.concatenate([N & 15, N >> 4], axis=-1)  # the nibble of L byte p
+    p = np.arange(64)
+    lane, i = p // 16, p % 16
+    w = 8 * lane + i % 8
+    elem = 16 * (i >= 8) + 32 * (w % 2) + w // 2  # the element L byte p holds
+    off = np.stack([(hdr >> 7) & 0xFF, (hdr >> 23) & 0xFF], axis=-1)[..., elem // 32]
+    code = ((nib & 7) << 1) | (L >> 7)
+    word = ((nib >> 3) << 15) | (((code + off) & 0xFF) << 7) | (L & 0x7F)
+    out = np.zeros((rows, cols // 64, 64), np.int64)
+    out[..., elem] = word
+    raw = (hdr & 0x8000) != 0
+    if raw.any():
+        idx = (hdr & 0x7FFF) | ((hdr >> 16) << 15)
+        sw = np.frombuffer(side, "<u2").reshape(-1, 64).astype(np.int64)
+        r = np.arange(64)
+        raw_elem = np.where(r >= 32, 16, 0) + 32 * (r % 2) + (r % 32) // 2
+        for rr, gg in zip(*np.nonzero(raw)):
+            out[rr, gg, raw_elem] = sw[idx[rr, gg]]
+    return out.astype("<u2").reshape(rows, cols).tobytes()
+
+
+def test_bf16p_file_decodes_to_the_weights_and_runs_bit_identical(tiny, work):
+    """--quant bf16p: every packed tensor decodes (by the documented layout) to the checkpoint's bytes; the
+    logits, prefill and decode, on every kernel table, are the checkpoint's bit for bit."""
+    out = work / "p.q3m"
+    p = run(["convert", "-m", tiny, "-o", out, "--quant", "bf16p"])
+    assert "ffn BF16P, attn BF16P, act fp32, lm_head BF16P" in p.stderr
+    raw = out.read_bytes()
+    hdr, _, tensors = parse_q3m(raw)
+    assert hdr["scheme"][:2] == ("BF16P", "BF16P")
+    src = read_safetensors(tiny)
+    n_packed = n_raw = 0
+    for name, t in tensors.items():
+        st_dtype, st_shape, st_bytes = src[name]
+        if kind(name) == "other" and name != "lm_head.weight":
+            assert t["dtype"] == st_dtype and raw[t["data_offset"]:t["data_offset"] + t["data_size"]] == st_bytes
+            continue
+        rows, cols = st_shape
+        assert t["dtype"] == "BF16P" and t["data_size"] == rows * cols // 64 * 100, name
+        assert t["scales_size"] % 128 == 0 and (t["scales_size"] == 0) == (t["scales_offset"] == 0)
+        data = raw[t["data_offset"]:t["data_offset"] + t["data_size"]]
+        side = raw[t["scales_offset"]:t["scales_offset"] + t["scales_size"]]
+        assert bf16p_decode(data, side, rows, cols) == st_bytes, name
+        n_packed += 1
+        n_raw += t["scales_size"] // 128
+    assert n_packed == sum(kind(n) != "other" for n in tensors) + 1 and n_raw > 0
+    for isa in ("scalar", "avx2", "avx512", "amx"):
+        env = {"Q3MOE_ISA": isa}
+        a, _ = logits(out, work / "a.f32", "--prefill", "5", env=env)
+        b, _ = logits(tiny, work / "b.f32", "--prefill", "5", env=env)
+        assert a.tobytes() == b.tobytes(), isa
+
+
+def test_bf16p_needs_bf16_weights(tiny_tok, work):
+    """bf16p packs BF16 values as they are; an F16/F32 tensor is named, with the flag that keeps it."""
+    p = run(["convert", "-m", tiny_tok, "-o", work / "x.q3m", "--quant", "bf16p"], check=False)
+    assert p.returncode == 1 and "bf16p packs BF16 weights" in p.stderr and "is stored as F" in p.stderr, p.stderr
+    assert "use --ffn bf16" in p.stderr or "use --attn bf16" in p.stderr, p.stderr
+    assert not (work / "x.q3m").exists()
+    p = run(["convert", "-m", tiny_tok, "-o", work / "y.q3m", "--head", "bf16p"], check=False)
+    assert p.returncode == 1 and "no separate lm_head.weight" in p.stderr, p.stderr  # tied: the embedding
+
+
+def test_bf16p_damaged_side_table_refused(tiny, work):
+    out = work / "p.q3m"
+    run(["convert", "-m", tiny, "-o", out, "--quant", "bf16p"])
+    raw = out.read_bytes()
+    _, _, tensors = parse_q3m(raw)
+    t = next(t for t in tensors.values() if t["dtype"] == "BF16P" and t["scales_size"])
+    rows, cols = t["shape"]
+    for size, words in ((t["scales_size"] - 64, ["need"]), (rows * cols // 64 * 128 + 128, ["need"])):
+        bad = bytearray(raw)
+        struct.pack_into("<Q", bad, t["record"] + 64, size)
+        (work / "bad.q3m").write_bytes(with_checksum(bad))
+        p = run(["logits", "-m", work / "bad.q3m", "--ids", "1,2", "-o", work / "o.f32"], check=False,
+                binary=Q3MOE_CHECK)
+        assert p.returncode == 1 and str(work / "bad.q3m") in p.stderr, p.stderr
+        assert all(w in p.stderr for w in words), p.stderr
 
 
 def test_damaged_tokenizer_section(tiny_tok, work):

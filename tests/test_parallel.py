@@ -84,6 +84,9 @@ CASES = {
     # W4A8i (MXINT8 attention and inputs, the integer GEMV): MXINT8 column slices, EP over AlltoAll
     "mxi_q3m": ("kv2_mixed.w4a8i.q3m", 2, ["--attn-tp", "2", "--moe-tp", "2"], False),
     "mxi_q3m_ep2_alltoall": ("kv2_mixed.w4a8i.q3m", 2, ["--attn-tp", "2", "--moe-ep", "2", "--moe-ep-comm", "alltoall"], True),
+    # BF16P: packed column slices (o_proj, down at 64 columns), then down slices of 32 columns (copied as BF16)
+    "bf16p_q3m": ("kv2_mixed.bf16p.q3m", 2, ["--attn-tp", "2", "--moe-tp", "2"], False),
+    "bf16p_q3m_tp4": ("kv2_mixed.bf16p.q3m", 4, ["--attn-tp", "4", "--moe-tp", "4", "--lmhead-tp", "4"], False),
     # EP over AlltoAll (dispatch / combine alltoallv, then an allgather of the token shares)
     "moe_ep2_alltoall": ("moe", 2, ["--moe-ep", "2", "--moe-ep-comm", "alltoall"], True),
     "moe_ep4_alltoall": ("kv2_mixed", 4, ["--moe-ep", "4", "--moe-ep-comm", "alltoall", "--lmhead-tp", "2"], False),
@@ -136,6 +139,9 @@ def models(tmp_path_factory):
     qi = root / "kv2_mixed.w4a8i.q3m"
     run([Q3MOE, "convert", "-m", paths["kv2_mixed"], "-o", qi, "--quant", "w4a8i", "--head", "mxint8"])
     paths["kv2_mixed.w4a8i.q3m"] = qi
+    qp = root / "kv2_mixed.bf16p.q3m"
+    run([Q3MOE, "convert", "-m", paths["kv2_mixed"], "-o", qp, "--quant", "bf16p"])
+    paths["kv2_mixed.bf16p.q3m"] = qp
     return root, paths
 
 

@@ -50,7 +50,7 @@ static void usage(FILE *f) {
             "The table goes to stdout, progress to stderr. See BENCHMARKS.md for what each number\n"
             "means.\n\n"
             "  -m DIR            Hugging Face checkpoint directory, or a .q3m file (q3moe convert)\n"
-            "  --quant SCHEME    bench DIR quantized (w4a8, w8a8, w4a8i, w8a8i, w4, w8, bf16), converted once into the cache\n"
+            "  --quant SCHEME    bench DIR quantized (w4a8, w8a8, w4a8i, w8a8i, w4, w8, bf16, bf16p), converted once into the cache\n"
             "  -p LIST           prompt lengths for prefill, comma-separated (default 128,512,4096;\n"
             "                    0 = no prefill test)\n"
             "  -n N              decode steps per repetition (default 64; 0 = no decode test)\n"

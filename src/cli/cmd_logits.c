@@ -20,7 +20,7 @@ static void usage(FILE *f) {
             "The first K ids (default: all) go through one prefill call; each later id through one\n"
             "single-token decode step on the KV cache.\n\n"
             "  -m DIR         Hugging Face checkpoint directory, or a .q3m file (q3moe convert)\n"
-            "  --quant S      run DIR quantized (w4a8, w8a8, w4a8i, w8a8i, w4, w8, bf16), converted once into the cache\n"
+            "  --quant S      run DIR quantized (w4a8, w8a8, w4a8i, w8a8i, w4, w8, bf16, bf16p), converted once into the cache\n"
             "  --ids LIST     comma-separated token ids\n"
             "  -o FILE        output file (refuses to overwrite an existing file unless --force)\n"
             "  --prefill K    ids in the prefill call, 1..n (default n)\n"

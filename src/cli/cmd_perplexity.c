@@ -38,7 +38,7 @@ static void usage(FILE *f) {
             "With --base, BASE runs the same tokens too and the mean KL(base || model), the top-1\n"
             "agreement (argmax equal) and the largest |logit difference| are printed as well.\n\n"
             "  -m MODEL       checkpoint directory or .q3m file\n"
-            "  --quant S      run MODEL (a directory) quantized: w4a8, w8a8, w4a8i, w8a8i, w4, w8 or bf16;\n"
+            "  --quant S      run MODEL (a directory) quantized: w4a8, w8a8, w4a8i, w8a8i, w4, w8, bf16 or bf16p;\n"
             "                 converted once into the cache (--base is always run as given)\n"
             "  -f TEXT        text file to score (read whole, as UTF-8)\n"
             "  --ids LIST     comma-separated token ids to score instead of a text\n"

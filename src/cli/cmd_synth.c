@@ -143,7 +143,7 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(a, "--ffn") && i + 1 < argc && !is_scheme_option(argc, argv, i) &&
             !strchr("0123456789+-", argv[i + 1][0]))
             return fail("--ffn: '%s' is neither a dense intermediate size (a number) nor a weight type "
-                        "(mxfp4, mxfp8, mxint8, bf16)", argv[i + 1]);
+                        "(mxfp4, mxfp8, mxint8, bf16, bf16p)", argv[i + 1]);
         if (is_scheme_option(argc, argv, i)) {
             if (!(v = arg_value(argc, argv, &i))) return 1;
             if (q3_scheme_flag(a, v, &o->scheme)) return fail("%s", q3_errmsg());

@@ -25,7 +25,7 @@ void common_opts_init(common_opts *o) {
 void common_opts_help(FILE *f) {
     fprintf(f, "  -m DIR               Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json),\n"
                "                       or a .q3m file written by q3moe convert\n"
-               "  --quant SCHEME       run DIR quantized: w4a8, w8a8, w4a8i, w8a8i, w4, w8 or bf16; converted once into the cache\n"
+               "  --quant SCHEME       run DIR quantized: w4a8, w8a8, w4a8i, w8a8i, w4, w8, bf16 or bf16p; converted once into the cache\n"
                "                       ($Q3MOE_CACHE_DIR, else $XDG_CACHE_HOME/q3moe or ~/.cache/q3moe)\n"
                "  --ctx N              context size in tokens (default min(max_position_embeddings, 4096))\n"
                "  -t THREADS           worker threads (default: all cores)\n"

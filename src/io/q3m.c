@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant/bf16p.h"
 #include "quant/mx.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -48,7 +49,7 @@ static const char *sec_name(uint32_t kind) {
 
 /* File dtype codes are fixed by the format, whatever q3_dtype's values. */
 static int dtype_from_code(unsigned c, q3_dtype *out) {
-    static const q3_dtype map[] = {Q3_F32, Q3_F16, Q3_BF16, Q3_MXFP8, Q3_MXFP4, Q3_MXINT8};
+    static const q3_dtype map[] = {Q3_F32, Q3_F16, Q3_BF16, Q3_MXFP8, Q3_MXFP4, Q3_MXINT8, Q3_BF16P};
     if (c >= sizeof map / sizeof map[0]) return -1;
     *out = map[c];
     return 0;
@@ -61,6 +62,7 @@ static unsigned dtype_code(q3_dtype t) {
     case Q3_MXFP8: return 3;
     case Q3_MXFP4: return 4;
     case Q3_MXINT8: return 5;
+    case Q3_BF16P: return 6;
     }
     return 255;
 }
@@ -72,6 +74,15 @@ int q3m_tensor_sizes(q3_dtype t, int ndim, const int64_t *shape, uint64_t *data_
         if (shape[d] < 1 || shape[d] > (1ll << 40)) return q3_err("dimension %d is %lld", d, (long long)shape[d]);
         numel *= (uint64_t)shape[d];
         if (numel > (1ull << 48)) return q3_err("too many elements");
+    }
+    if (t == Q3_BF16P) { /* scales: the side table's largest size (every group raw) */
+        const uint64_t cols = (uint64_t)shape[ndim - 1];
+        if (cols % Q3_BF16P_GROUP)
+            return q3_err("last dimension %llu is not a multiple of the BF16P group size %d", (unsigned long long)cols,
+                          Q3_BF16P_GROUP);
+        *data_size = numel / Q3_BF16P_GROUP * Q3_BF16P_GROUP_BYTES;
+        *scales_size = numel / Q3_BF16P_GROUP * Q3_BF16P_RAW_BYTES;
+        return 0;
     }
     if (!q3_dtype_is_mx(t)) {
         *data_size = numel * q3_dtype_size(t);
@@ -96,8 +107,14 @@ int q3m_layout(q3m_section_out *secs, int n_secs, q3m_tensor_out *ts, int n_ts, 
     for (int i = 0; i < n_ts; i++) {
         size_t nl = strlen(ts[i].name);
         if (nl == 0 || nl > Q3M_NAME_MAX) return q3_err("tensor name \"%s\" is empty or longer than %d bytes", ts[i].name, Q3M_NAME_MAX);
+        const uint64_t side = ts[i].scales_size;
         if (q3m_tensor_sizes(ts[i].dtype, ts[i].ndim, ts[i].shape, &ts[i].data_size, &ts[i].scales_size))
             return q3_err_prefix("tensor %s (%s)", ts[i].name, q3_dtype_name(ts[i].dtype));
+        if (ts[i].dtype == Q3_BF16P) { /* the caller counted the raw groups */
+            if (side > ts[i].scales_size || side % Q3_BF16P_RAW_BYTES)
+                return q3_err("tensor %s: a BF16P side table of %llu bytes", ts[i].name, (unsigned long long)side);
+            ts[i].scales_size = side;
+        }
         table_size += tensor_record_size(nl);
     }
     uint64_t data_off = round_up(Q3M_HEADER_SIZE + table_size, Q3M_ALIGN), pos = data_off;
@@ -334,18 +351,19 @@ static int parse(q3m_file *f) {
         else if (q3m_tensor_sizes(t->dtype, t->ndim, t->shape, &want_d, &want_s))
             rc = q3_err_prefix("%s: tensor %s: shape %s does not fit dtype %s", path, t->name,
                                fmt_shape(t->shape, t->ndim, shp, sizeof shp), q3_dtype_name(t->dtype));
-        else if (dlen != want_d || slen != want_s)
+        else if (dlen != want_d || (t->dtype == Q3_BF16P ? slen > want_s || slen % Q3_BF16P_RAW_BYTES : slen != want_s))
             rc = q3_err("%s: tensor %s: %llu data + %llu scale bytes, but shape %s and dtype %s need %llu + %llu: damaged file",
                         path, t->name, (unsigned long long)dlen, (unsigned long long)slen,
                         fmt_shape(t->shape, t->ndim, shp, sizeof shp), q3_dtype_name(t->dtype),
                         (unsigned long long)want_d, (unsigned long long)want_s);
-        else if (!want_s && soff) rc = q3_err("%s: tensor %s: a %s tensor with a scales offset: damaged file", path, t->name, q3_dtype_name(t->dtype));
-        else if ((rc = check_blob(&c, doff_t, dlen, t->name, "data")) == 0 && want_s)
+        else if (!slen && soff) rc = q3_err("%s: tensor %s: a %s tensor with a scales offset: damaged file", path, t->name, q3_dtype_name(t->dtype));
+        else if ((rc = check_blob(&c, doff_t, dlen, t->name, "data")) == 0 && slen)
             rc = check_blob(&c, soff, slen, t->name, "scales");
         if (rc) break;
         t->data = d + doff_t;
         t->nbytes = (size_t)dlen;
-        t->scales = want_s ? d + soff : NULL;
+        t->scales = slen ? d + soff : NULL;
+        t->scales_nbytes = (size_t)slen;
         t->file = 0;
         p += rec;
     }

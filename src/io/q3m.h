@@ -45,7 +45,7 @@
  *       u64 scales offset, u64 scales size   (both 0 for plain dtypes)
  *       name (UTF-8, no NUL), zero-padded to a multiple of 8 bytes
  *
- * Dtype codes: 0 F32, 1 F16, 2 BF16, 3 MXFP8, 4 MXFP4, 5 MXINT8.
+ * Dtype codes: 0 F32, 1 F16, 2 BF16, 3 MXFP8, 4 MXFP4, 5 MXINT8, 6 BF16P.
  * Plain dtypes: data size = product(shape) * 4 or 2, row-major as in
  *   safetensors.
  * MX dtypes: the last dimension (cols) is a multiple of 32; rows = product
@@ -55,6 +55,10 @@
  *   two's-complement int8 per element (rows * cols bytes). Scales hold
  *   one E8M0 byte per 32 consecutive elements of a row, row-major
  *   (rows * cols / 32 bytes). The quantization is src/quant/mx.h's.
+ * BF16P (src/quant/bf16p.h): cols a multiple of 64; data holds rows * cols
+ *   / 64 groups of 100 bytes, row-major; scales hold the raw groups, 128
+ *   bytes each, as many as the data's headers name (none: size and offset
+ *   0), at most rows * cols / 64.
  *
  * Data region: [data offset, file size). Every section, tensor data and
  * tensor scales blob starts at an absolute offset that is a multiple of 64,

@@ -14,6 +14,7 @@ const char *q3_dtype_name(q3_dtype t) {
     case Q3_MXFP8: return "MXFP8";
     case Q3_MXFP4: return "MXFP4";
     case Q3_MXINT8: return "MXINT8";
+    case Q3_BF16P: return "BF16P";
     }
     return "?";
 }

@@ -23,7 +23,8 @@ typedef struct {
     int64_t shape[Q3_MAX_DIMS];
     const void *data;
     size_t nbytes;       /* bytes at data (elements only for MX dtypes) */
-    const uint8_t *scales; /* MX dtypes: E8M0 scales, shape[last]/32 per row */
+    const uint8_t *scales; /* MX dtypes: E8M0 scales, shape[last]/32 per row; BF16P: its raw groups */
+    size_t scales_nbytes;  /* bytes at scales */
     int file;            /* index into archive files */
 } q3_st_tensor;
 

@@ -25,7 +25,8 @@ static const char *dtype_tag(q3_dtype t) {
     case Q3_BF16: return "BF16";
     case Q3_MXFP8:
     case Q3_MXFP4:
-    case Q3_MXINT8: return NULL; /* not a safetensors dtype */
+    case Q3_MXINT8:
+    case Q3_BF16P: return NULL; /* not a safetensors dtype */
     }
     return NULL;
 }

@@ -10,8 +10,12 @@
 /* MXFP8 / MXFP4 / MXINT8 are OCP Microscaling block formats (src/quant/mx.h):
  * the elements (E4M3 bytes, E2M1 nibbles two per byte with element 2i in
  * the low nibble, or int8 bytes) plus one E8M0 scale byte per 32 consecutive
- * elements of a row. */
-typedef enum { Q3_F32 = 0, Q3_F16 = 1, Q3_BF16 = 2, Q3_MXFP8 = 3, Q3_MXFP4 = 4, Q3_MXINT8 = 5 } q3_dtype;
+ * elements of a row. BF16P holds BF16 values losslessly in groups of 64,
+ * 12.5 bits each, with a side table of raw groups (src/quant/bf16p.h). */
+typedef enum { Q3_F32 = 0, Q3_F16 = 1, Q3_BF16 = 2, Q3_MXFP8 = 3, Q3_MXFP4 = 4, Q3_MXINT8 = 5, Q3_BF16P = 6 } q3_dtype;
+
+/* Element types read element by element from a flat array (q3_to_f32). */
+static inline int q3_dtype_is_plain(q3_dtype t) { return t == Q3_F32 || t == Q3_F16 || t == Q3_BF16; }
 
 static inline int q3_dtype_is_mx(q3_dtype t) { return t == Q3_MXFP8 || t == Q3_MXFP4 || t == Q3_MXINT8; }
 /* The MX formats with minifloat elements (the float decoders' domain). */
@@ -49,7 +53,7 @@ static inline uint16_t q3_f32_to_bf16(float f) {
 }
 
 /* Convert n elements starting at element `off` of a typed array to fp32
- * (plain dtypes only: MX rows need their scales, see q3_mat_row_f32). */
+ * (plain dtypes only: MX and BF16P rows need q3_mat_row_f32). */
 void q3_to_f32(float *dst, const void *src, q3_dtype t, size_t off, size_t n);
 
 #endif

@@ -242,6 +242,14 @@ void q3_avx2_gemv_mx(float *out, const void *xb, const q3_mat *W, int r0, int r1
 void q3_avx2_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, int T, const q3_mat *W, int r0, int r1);
 /* Row r of MX matrix W, block scales applied, in q3_mx_prep_lanes' 2-lane order. */
 void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
+/* gemv_bf16p.c: GEMVs on BF16P weights (the _avx512 one needs AVX-512
+ * BW, which q3_cpu_avx512bw tells), each a row's sum bit for bit as the
+ * same ISA's BF16 GEMV sums the unpacked row. */
+void q3_gemv_bf16p_avx2(float *out, const float *x, const q3_mat *W, int r0, int r1);
+void q3_gemv_bf16p_avx512(float *out, const float *x, const q3_mat *W, int r0, int r1);
+int q3_cpu_avx512bw(void);
+/* Rows [r0, r0 + n) of BF16P W as BF16 words, row after row (K apart). */
+void q3_bf16p_unpack_rows_avx2(uint16_t *dst, const q3_mat *W, int r0, int n);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
 /* isa_avx512bf16.c's pieces the AMX A8 GEMM shares: the table's a8_prep;

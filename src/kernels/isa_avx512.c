@@ -90,6 +90,11 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
 }
 
 INLINE void gemv_pf(float *out, const float *x, const q3_mat *W, int r0, int r1, const size_t pf) {
+    if (W->dtype == Q3_BF16P) {
+        if (q3_cpu_avx512bw()) q3_gemv_bf16p_avx512(out, x, W, r0, r1);
+        else q3_gemv_bf16p_avx2(out, x, W, r0, r1);
+        return;
+    }
     /* MX weights (the shapes the prepared GEMV does not take) and column
      * slices: AVX2's GEMV. */
     if (W->cs > 1 || q3_dtype_is_mx(W->dtype)) {

@@ -33,6 +33,9 @@ typedef struct {
      * input as exact bf16 values, and under ai8 as int8 elements with
      * E8M0 scales (the integer kernels). */
     int a8, ai8;
+    /* BF16P: rows contiguous (rs = 0, cs = 1), scales points to the side
+     * table of this many raw groups (src/quant/bf16p.h). */
+    size_t side_groups;
 } q3_mat;
 
 /* Bytes of weight data (elements + scales) the matrix occupies. */

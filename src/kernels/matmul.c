@@ -13,6 +13,7 @@
 #include "kernels/isa.h"
 #include "kernels/prefetch.h"
 #include "kernels/scratch.h"
+#include "quant/bf16p.h"
 #include "util/error.h"
 
 static const q3_isa_kernels *g_k = &q3_kernels_scalar;
@@ -362,6 +363,31 @@ static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     g_k->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
 
+/* Several tokens on BF16P weights: rows unpacked to BF16, this many at a
+ * time, for the BF16 kernels (the unpack costs about a read of the rows;
+ * the products T times that). */
+enum { BF16P_ROWS = 64 };
+
+static void run_rows_any(const q3_mm_job *jb, const float *tiles, int r0, int nr);
+
+static void run_bf16p_unpacked(const q3_mm_job *jb, int r0, int nr) {
+    const q3_mat *W = jb->W;
+    const int K = W->cols;
+    uint16_t *buf = q3_scratch(Q3_SCR_BF16P, (size_t)BF16P_ROWS * (size_t)K * sizeof *buf);
+    for (int q = r0; q < r0 + nr; q += BF16P_ROWS) {
+        const int n = r0 + nr - q < BF16P_ROWS ? r0 + nr - q : BF16P_ROWS;
+        if (g_isa >= Q3_ISA_AVX2) q3_bf16p_unpack_rows_avx2(buf, W, q, n);
+        else
+            for (int r = 0; r < n; r++)
+                for (int k = 0; k < K; k += Q3_BF16P_GROUP)
+                    q3_bf16p_unpack_group((const uint8_t *)q3_mat_rows(W, q + r, 1).data + (size_t)k / Q3_BF16P_GROUP * Q3_BF16P_GROUP_BYTES,
+                                          W->scales, W->side_groups, buf + (size_t)r * K + k);
+        const q3_mat v = {.data = buf, .dtype = Q3_BF16, .rows = n, .cols = K};
+        const q3_mm_job sub = {jb->out + q, jb->ldo, jb->x, jb->ldx, jb->T, &v, NULL};
+        run_rows_any(&sub, NULL, 0, n);
+    }
+}
+
 /* The kernels other than the panel GEMM, in order of preference, for the
  * panel of nr rows at r0: with run, runs the first that takes it and says
  * whether one did; without, only says whether one would (counting the A8
@@ -373,6 +399,7 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
         if (run) call;     \
         return 1;          \
     } while (0)
+    if (W->dtype == Q3_BF16P && jb->T > 1) TAKE(run_bf16p_unpacked(jb, r0, nr));
     const prep_gemv pg = prepared_gemv(W); /* a GEMV on an input copy applies (one token or a few) */
     if (jb->T == 1 && pg != PG_NONE) TAKE(run_gemv_prepared(jb, r0, nr, pg));
     if (pg == PG_A8 && jb->T <= g_k->a8_tokens_t && tokens_ok(W, pg)) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));

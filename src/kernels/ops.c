@@ -7,13 +7,15 @@
 #include <string.h>
 
 #include "kernels/isa.h"
+#include "quant/bf16p.h"
 #include "quant/mx.h"
 
 void q3_to_f32(float *dst, const void *src, q3_dtype t, size_t off, size_t n) {
     switch (t) {
     case Q3_MXFP8:
     case Q3_MXFP4:
-    case Q3_MXINT8: abort(); /* needs scales: q3_mat_row_f32 */
+    case Q3_MXINT8:
+    case Q3_BF16P: abort(); /* needs scales or groups: q3_mat_row_f32 */
     case Q3_F32: memcpy(dst, (const float *)src + off, n * sizeof(float)); break;
     case Q3_BF16: {
         const uint16_t *s = (const uint16_t *)src + off;
@@ -108,6 +110,8 @@ q3_mat q3_mat_rows(const q3_mat *W, int r0, int n) {
     if (q3_dtype_is_mx(W->dtype)) {
         v.data = (const uint8_t *)W->data + (size_t)r0 * q3_mx_elem_bytes(W->dtype, (size_t)W->cols);
         v.scales = W->scales + (size_t)r0 * (size_t)(W->cols / Q3_MX_BLOCK);
+    } else if (W->dtype == Q3_BF16P) { /* the side table is the whole matrix's */
+        v.data = (const uint8_t *)W->data + (size_t)r0 * q3_bf16p_row_bytes((size_t)W->cols);
     } else {
         const size_t rs = W->rs ? W->rs : (size_t)W->cols;
         v.data = (const char *)W->data + (size_t)r0 * rs * (W->dtype == Q3_F32 ? 4 : 2);
@@ -125,6 +129,7 @@ size_t q3_mat_bytes(const q3_mat *W) {
     case Q3_MXFP8:
     case Q3_MXINT8: return n + n / Q3_MX_BLOCK;
     case Q3_MXFP4: return n / 2 + n / Q3_MX_BLOCK;
+    case Q3_BF16P: return (size_t)W->rows * q3_bf16p_row_bytes((size_t)W->cols); /* raw groups: a few per mille more */
     }
     return 0;
 }
@@ -132,6 +137,16 @@ size_t q3_mat_bytes(const q3_mat *W) {
 void q3_mat_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
     const size_t rs = W->rs ? W->rs : (size_t)W->cols, cs = W->cs ? W->cs : 1;
     const size_t base = (size_t)r * rs + (size_t)k0 * cs;
+    if (W->dtype == Q3_BF16P) { /* contiguous rows; k0 and n need not be group-aligned */
+        const uint8_t *row = (const uint8_t *)W->data + (size_t)r * q3_bf16p_row_bytes((size_t)W->cols);
+        uint16_t g[Q3_BF16P_GROUP];
+        for (int k = 0; k < n;) {
+            const int col = k0 + k, gi = col / Q3_BF16P_GROUP, end = (gi + 1) * Q3_BF16P_GROUP - k0;
+            q3_bf16p_unpack_group(row + (size_t)gi * Q3_BF16P_GROUP_BYTES, W->scales, W->side_groups, g);
+            for (; k < n && k < end; k++) dst[k] = q3_bf16_to_f32(g[(k0 + k) % Q3_BF16P_GROUP]);
+        }
+        return;
+    }
     if (!q3_dtype_is_mx(W->dtype)) {
         if (cs == 1) q3_to_f32(dst, W->data, W->dtype, base, (size_t)n);
         else

@@ -21,6 +21,7 @@ typedef enum {
     Q3_SCR_GLU,      /* a merged gate/up product's gate and up rows */
     Q3_SCR_WO_ACT,   /* the weight-only MX tiles' packed inputs, */
     Q3_SCR_WO_ROWS,  /* the rows being packed */
+    Q3_SCR_BF16P,    /* BF16P rows unpacked to BF16 */
     Q3_SCR_COUNT
 } q3_scratch_slot;
 

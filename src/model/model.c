@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "model/shard.h"
+#include "quant/bf16p.h"
 #include "util/error.h"
 
 static const q3_st_tensor *need(const q3_model *m, const char *name, int64_t d0, int64_t d1) {
@@ -36,14 +37,15 @@ static int get_mat(const q3_model *m, q3_mat *out, const char *name, int rows, i
     if (!t) return -1;
     *out = (q3_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols, .scales = t->scales,
                     .a8 = q3_dtype_is_mx(m->scheme.act) && q3_dtype_is_mx(t->dtype),
-                    .ai8 = m->scheme.act == Q3_MXINT8 && q3_dtype_is_mx(t->dtype)};
+                    .ai8 = m->scheme.act == Q3_MXINT8 && q3_dtype_is_mx(t->dtype),
+                    .side_groups = t->dtype == Q3_BF16P ? t->scales_nbytes / Q3_BF16P_RAW_BYTES : 0};
     return 0;
 }
 
 /* Tensors read element by element (norm vectors, embedding rows) must be in
  * a plain dtype. */
 static int need_plain(const q3_model *m, const q3_st_tensor *t) {
-    if (t && q3_dtype_is_mx(t->dtype))
+    if (t && !q3_dtype_is_plain(t->dtype))
         return q3_err("tensor %s in %s has dtype %s; it must be F32, F16 or BF16", t->name, m->dir, q3_dtype_name(t->dtype));
     return t ? 0 : -1;
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant/bf16p.h"
 #include "util/error.h"
 
 static size_t elem_bytes(q3_dtype t) { return t == Q3_F32 ? 4 : 2; }
@@ -25,9 +26,31 @@ static void *own(q3_shard *sh, size_t bytes) {
 }
 
 /* Columns [c0, c0 + n) of W: a strided view for plain dtypes, a copy of the
- * slice (elements and scales) for MX ones. */
+ * slice (elements and scales) for MX ones; for BF16P a copy of the slice's
+ * groups (their raw groups stay in the whole matrix's side table), or of
+ * its BF16 values where the slice cuts groups. */
 static int col_slice(q3_shard *sh, q3_mat *W, int c0, int n) {
     if (n == W->cols) return 0;
+    if (W->dtype == Q3_BF16P && c0 % Q3_BF16P_GROUP == 0 && n % Q3_BF16P_GROUP == 0) {
+        const size_t rb = q3_bf16p_row_bytes((size_t)W->cols), nb = q3_bf16p_row_bytes((size_t)n);
+        uint8_t *el = own(sh, (size_t)W->rows * nb);
+        for (int r = 0; r < W->rows; r++)
+            memcpy(el + (size_t)r * nb, (const uint8_t *)W->data + (size_t)r * rb + q3_bf16p_row_bytes((size_t)c0), nb);
+        W->data = el;
+        W->cols = n;
+        return 0;
+    }
+    if (W->dtype == Q3_BF16P) {
+        uint16_t *el = own(sh, (size_t)W->rows * (size_t)n * sizeof *el);
+        float *row = q3_malloc((size_t)n * sizeof *row);
+        for (int r = 0; r < W->rows; r++) {
+            q3_mat_row_f32(W, r, c0, n, row);
+            for (int k = 0; k < n; k++) el[(size_t)r * n + k] = q3_f32_to_bf16(row[k]); /* exact: BF16 values */
+        }
+        free(row);
+        *W = (q3_mat){.data = el, .dtype = Q3_BF16, .rows = W->rows, .cols = n};
+        return 0;
+    }
     if (q3_dtype_is_mx(W->dtype)) {
         if (c0 % 32 || n % 32)
             return q3_err("internal: MX column slice [%d, %d) is not aligned to the 32-element blocks", c0, c0 + n);

@@ -17,6 +17,7 @@
 
 #include "io/q3m.h"
 #include "model/model.h"
+#include "quant/bf16p.h"
 #include "quant/mx.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -28,6 +29,7 @@ int q3_scheme_parse_dtype(const char *s, q3_dtype *out) {
     else if (!strcmp(s, "mxfp8")) *out = Q3_MXFP8;
     else if (!strcmp(s, "mxint8")) *out = Q3_MXINT8;
     else if (!strcmp(s, "bf16")) *out = Q3_BF16;
+    else if (!strcmp(s, "bf16p")) *out = Q3_BF16P;
     else return -1;
     return 0;
 }
@@ -44,6 +46,7 @@ int q3_scheme_from_name(const char *name, q3_quant_scheme *out) {
         {"w4", {Q3_MXFP4, Q3_MXFP4, Q3_F32, Q3_BF16}},
         {"w8", {Q3_MXFP8, Q3_MXFP8, Q3_F32, Q3_BF16}},
         {"bf16", {Q3_BF16, Q3_BF16, Q3_F32, Q3_BF16}},
+        {"bf16p", {Q3_BF16P, Q3_BF16P, Q3_F32, Q3_BF16P}},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (!strcmp(name, tab[i].name)) {
@@ -55,10 +58,13 @@ int q3_scheme_from_name(const char *name, q3_quant_scheme *out) {
 
 static const char *scheme_dtype_name(q3_dtype t) { return t == Q3_BF16 ? "as stored" : q3_dtype_name(t); }
 
+/* Whether a target dtype changes the stored weights (MX, or BF16P). */
+static int converts(q3_dtype t) { return q3_dtype_is_mx(t) || t == Q3_BF16P; }
+
 const char *q3_scheme_describe(const q3_quant_scheme *s, char *buf, unsigned cap) {
     snprintf(buf, cap, "ffn %s, attn %s, act %s%s%s", scheme_dtype_name(s->ffn), scheme_dtype_name(s->attn),
-             q3_dtype_is_mx(s->act) ? q3_dtype_name(s->act) : "fp32", q3_dtype_is_mx(s->head) ? ", lm_head " : "",
-             q3_dtype_is_mx(s->head) ? scheme_dtype_name(s->head) : "");
+             q3_dtype_is_mx(s->act) ? q3_dtype_name(s->act) : "fp32", converts(s->head) ? ", lm_head " : "",
+             converts(s->head) ? scheme_dtype_name(s->head) : "");
     return buf;
 }
 
@@ -76,9 +82,9 @@ int q3_scheme_flag(const char *flag, const char *value, q3_quant_scheme *s) {
             return q3_err("--act: '%s' is not one of mxfp8, mxint8, none", value);
     } else if (!strcmp(flag, "--head")) {
         if (q3_scheme_parse_dtype(value, &s->head))
-            return q3_err("--head: '%s' is not one of mxfp8, mxfp4, mxint8, bf16", value);
+            return q3_err("--head: '%s' is not one of mxfp8, mxfp4, mxint8, bf16, bf16p", value);
     } else if (q3_scheme_parse_dtype(value, !strcmp(flag, "--ffn") ? &s->ffn : &s->attn)) {
-        return q3_err("%s: '%s' is not one of mxfp4, mxfp8, mxint8, bf16", flag, value);
+        return q3_err("%s: '%s' is not one of mxfp4, mxfp8, mxint8, bf16, bf16p", flag, value);
     }
     return 0;
 }
@@ -94,7 +100,7 @@ q3_dtype q3_convert_target(const char *name, const q3_quant_scheme *s) {
     static const char *const ffn[] = {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"};
     for (int i = 0; i < 4; i++)
         if (ends_with(name, attn[i])) return s->attn;
-    if (!strcmp(name, "lm_head.weight")) return q3_dtype_is_mx(s->head) ? s->head : Q3_BF16;
+    if (!strcmp(name, "lm_head.weight")) return converts(s->head) ? s->head : Q3_BF16;
     /* model.layers.L.mlp.{gate,up,down}_proj and model.layers.L.mlp.experts.E.*_proj
      * (not the router, model.layers.L.mlp.gate.weight). */
     if (strstr(name, ".mlp."))
@@ -333,6 +339,78 @@ static int write_copy(writer *w, const q3_tensor_source *s, int ti, void *scratc
     return 0;
 }
 
+/* BF16P: rows of tensor ti per read, and bytes of a source / packed row. */
+static size_t bf16p_chunk(const q3_src_tensor *t, size_t *cols, size_t *rows) {
+    *cols = (size_t)t->shape[t->ndim - 1];
+    *rows = (size_t)(numel_of(t) / *cols);
+    const size_t in_row = *cols * 2, out_row = q3_bf16p_row_bytes(*cols);
+    const size_t a = SCRATCH_SIZE / in_row, b = WBUF_SIZE / out_row;
+    return a < b ? a : b;
+}
+
+/* Raw groups per row of a chunk (cnt[i], in parallel), and their sum. */
+static size_t count_chunk(const uint16_t *src, size_t nr, size_t cols, size_t *cnt) {
+    size_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (long i = 0; i < (long)nr; i++) sum += cnt[i] = q3_bf16p_count_row(src + (size_t)i * cols, cols);
+    return sum;
+}
+
+/* The side table's size for tensor ti (a pass over its elements: the .q3m
+ * layout is planned before the first byte is written). */
+static int count_raw_groups(const q3_tensor_source *s, int ti, uint64_t *side_bytes) {
+    size_t cols, rows, chunk = bf16p_chunk(&s->tensors[ti], &cols, &rows);
+    if (!chunk) return q3_err("tensor %s: rows of %zu columns are too long to pack", s->tensors[ti].name, cols);
+    void *scratch = q3_malloc(SCRATCH_SIZE);
+    size_t *cnt = q3_malloc(chunk * sizeof *cnt), raw = 0;
+    for (size_t r0 = 0; r0 < rows; r0 += chunk) {
+        const size_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+        raw += count_chunk(s->read(s->ctx, ti, (uint64_t)r0 * cols, nr * cols, scratch), nr, cols, cnt);
+    }
+    free(cnt);
+    free(scratch);
+    *side_bytes = (uint64_t)raw * Q3_BF16P_RAW_BYTES;
+    return 0;
+}
+
+/* Pack tensor ti into the writer: the groups now, the raw groups (kept for
+ * the whole tensor: a few per mille of it) after them. */
+static int write_bf16p(writer *w, const q3_tensor_source *s, int ti, const q3m_tensor_out *o, void *scratch, progress *pr) {
+    size_t cols, rows, chunk = bf16p_chunk(&s->tensors[ti], &cols, &rows);
+    const size_t out_row = q3_bf16p_row_bytes(cols), planned = (size_t)(o->scales_size / Q3_BF16P_RAW_BYTES);
+    uint8_t *side = q3_malloc(o->scales_size ? (size_t)o->scales_size : 1);
+    size_t *cnt = q3_malloc(chunk * sizeof *cnt), *first = q3_malloc(chunk * sizeof *first), raw = 0;
+    int rc = 0;
+    for (size_t r0 = 0; rc == 0 && r0 < rows; r0 += chunk) {
+        const size_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+        const uint16_t *src = s->read(s->ctx, ti, (uint64_t)r0 * cols, nr * cols, scratch);
+        size_t n = count_chunk(src, nr, cols, cnt);
+        if (raw + n > planned) { /* the source changed since it was counted */
+            rc = q3_err("tensor %s changed while it was converted", s->tensors[ti].name);
+            break;
+        }
+        for (size_t i = 0, at = raw; i < nr; at += cnt[i++]) first[i] = at;
+        uint8_t *out = w_reserve(w, nr * out_row);
+        if (!out) {
+            rc = -1;
+            break;
+        }
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < (long)nr; i++)
+            q3_bf16p_pack_row(src + (size_t)i * cols, cols, out + (size_t)i * out_row, side, first[i]);
+        raw += n;
+        pr->done += nr * cols * 2;
+        progress_show(pr, 0);
+    }
+    if (rc == 0 && raw != planned) rc = q3_err("tensor %s changed while it was converted", s->tensors[ti].name);
+    if (rc == 0 && raw) rc = w_pad_to(w, o->scales_offset);
+    if (rc == 0) rc = w_put(w, side, o->scales_size);
+    free(first);
+    free(cnt);
+    free(side);
+    return rc;
+}
+
 /* ---- the writer ---- */
 
 static char *dir_of(const char *path) {
@@ -371,7 +449,7 @@ static void layout_free(layout *l) {
     free(l->head);
 }
 
-static int plan_layout(const q3_tensor_source *src, q3_quant_scheme scheme, layout *l) {
+static int plan_layout(const q3_tensor_source *src, q3_quant_scheme scheme, layout *l, int count) {
     memset(l, 0, sizeof *l);
     if (scheme.ffn == Q3_F32 || scheme.ffn == Q3_F16 || scheme.attn == Q3_F32 || scheme.attn == Q3_F16)
         return q3_err("a scheme's weight types are MXFP4, MXFP8, MXINT8 or BF16 (as stored)");
@@ -390,20 +468,27 @@ static int plan_layout(const q3_tensor_source *src, q3_quant_scheme scheme, layo
         u->ndim = t->ndim;
         memcpy(u->shape, t->shape, sizeof u->shape);
         q3_dtype target = q3_convert_target(t->name, &scheme);
-        u->dtype = q3_dtype_is_mx(target) ? target : t->dtype;
-        if (q3_dtype_is_mx(target) && t->shape[t->ndim - 1] % Q3_MX_BLOCK)
-            return q3_err("tensor %s: its input dimension (%lld) is not a multiple of %d, so it cannot be quantized to %s "
+        u->dtype = converts(target) ? target : t->dtype;
+        const char *flag = !strcmp(t->name, "lm_head.weight")                       ? "head"
+                           : target == scheme.attn && strstr(t->name, ".self_attn.") ? "attn"
+                                                                                      : "ffn";
+        const int block = target == Q3_BF16P ? Q3_BF16P_GROUP : Q3_MX_BLOCK;
+        if (converts(target) && t->shape[t->ndim - 1] % block)
+            return q3_err("tensor %s: its input dimension (%lld) is not a multiple of %d, so it cannot be %s to %s "
                           "(use --%s bf16 to keep it as stored)",
-                          t->name, (long long)t->shape[t->ndim - 1], Q3_MX_BLOCK, q3_dtype_name(target),
-                          !strcmp(t->name, "lm_head.weight")                       ? "head"
-                          : target == scheme.attn && strstr(t->name, ".self_attn.") ? "attn"
-                                                                                     : "ffn");
-        if (q3_dtype_is_mx(target)) l->n_quantized++;
+                          t->name, (long long)t->shape[t->ndim - 1], block, target == Q3_BF16P ? "packed" : "quantized",
+                          q3_dtype_name(target), flag);
+        if (target == Q3_BF16P && t->dtype != Q3_BF16)
+            return q3_err("tensor %s is stored as %s; bf16p packs BF16 weights without changing them, so it takes only "
+                          "BF16 (use --%s bf16 to keep it as stored)",
+                          t->name, q3_dtype_name(t->dtype), flag);
+        if (target == Q3_BF16P && count && count_raw_groups(src, i, &u->scales_size)) return -1;
+        if (converts(target)) l->n_quantized++;
         if (!strcmp(t->name, "lm_head.weight")) has_head = 1;
         l->bytes_in += nbytes_of(t);
     }
     /* A tied lm_head is the embedding table, which must stay readable row by row. */
-    if (q3_dtype_is_mx(scheme.head) && !has_head)
+    if (converts(scheme.head) && !has_head)
         return q3_err("--head %s: this model has no separate lm_head.weight (tie_word_embeddings: lm_head is the embedding "
                       "table, which stays as stored)",
                       q3_dtype_name(scheme.head));
@@ -412,7 +497,7 @@ static int plan_layout(const q3_tensor_source *src, q3_quant_scheme scheme, layo
 
 int q3_pack_size(const q3_tensor_source *src, q3_quant_scheme scheme, uint64_t *file_size) {
     layout l;
-    int rc = plan_layout(src, scheme, &l);
+    int rc = plan_layout(src, scheme, &l, 0);
     *file_size = l.file_size;
     layout_free(&l);
     return rc;
@@ -424,7 +509,7 @@ int q3_pack(const q3_tensor_source *src, const q3_pack_opts *o, q3_convert_stats
     const char *tag = o->tag ? o->tag : "convert";
     if (check_target(o->dst, o->force)) return -1;
     layout l;
-    int rc = plan_layout(src, o->scheme, &l);
+    int rc = plan_layout(src, o->scheme, &l, 1);
 
     char *dir = dir_of(o->dst);
     struct statvfs vfs;
@@ -456,8 +541,9 @@ int q3_pack(const q3_tensor_source *src, const q3_pack_opts *o, q3_convert_stats
     for (int i = 0; rc == 0 && i < src->n_tensors; i++) {
         rc = w_pad_to(&w, l.outs[i].data_offset);
         if (rc == 0)
-            rc = l.outs[i].dtype != src->tensors[i].dtype ? write_quantized(&w, src, i, &l.outs[i], scratch, &pr)
-                                                          : write_copy(&w, src, i, scratch, &pr);
+            rc = l.outs[i].dtype == Q3_BF16P                ? write_bf16p(&w, src, i, &l.outs[i], scratch, &pr)
+                 : l.outs[i].dtype != src->tensors[i].dtype ? write_quantized(&w, src, i, &l.outs[i], scratch, &pr)
+                                                            : write_copy(&w, src, i, scratch, &pr);
         if (src->release) src->release(src->ctx, i);
     }
     if (rc == 0 && (rc = w_flush(&w)) == 0 && w.pos != l.file_size)

@@ -62,7 +62,9 @@ typedef struct {
 /* Write src into o->dst. -1 with q3_err set (nothing is left at dst, and no
  * temporary file). */
 int q3_pack(const q3_tensor_source *src, const q3_pack_opts *o, q3_convert_stats *st);
-/* The size q3_pack would give the file, without writing anything. */
+/* The size q3_pack would give the file, without writing anything (BF16P
+ * tensors without their raw groups, a few per mille of them, which only
+ * q3_pack's pass over the weights counts). */
 int q3_pack_size(const q3_tensor_source *src, q3_quant_scheme scheme, uint64_t *file_size);
 
 typedef struct {
@@ -89,7 +91,7 @@ int q3_scheme_parse_dtype(const char *s, q3_dtype *out);
  * (all mxint8), w4 (ffn+attn mxfp4, act none), w8 (ffn+attn mxfp8, act
  * none), bf16. */
 int q3_scheme_from_name(const char *name, q3_quant_scheme *out);
-#define Q3_SCHEME_NAMES "w4a8, w8a8, w4a8i, w8a8i, w4, w8, bf16"
+#define Q3_SCHEME_NAMES "w4a8, w8a8, w4a8i, w8a8i, w4, w8, bf16, bf16p"
 /* The scheme options `convert` and `synth` share: --quant NAME sets the
  * whole scheme, --ffn T / --attn T / --act A one part of it.
  * q3_scheme_flag applies one (0), or returns -1 with q3_err naming the flag
@@ -100,11 +102,13 @@ int q3_scheme_flag(const char *flag, const char *value, q3_quant_scheme *s);
     "  --quant S     the whole scheme: w4a8 (default: ffn mxfp4, attn mxfp8, act mxfp8),\n" \
     "                w8a8, w4a8i (ffn mxfp4, attn mxint8, act mxint8: integer kernels),\n" \
     "                w8a8i (all mxint8), w4 (ffn+attn mxfp4), w8 (ffn+attn mxfp8),\n" \
-    "                bf16 (as stored)\n" \
-    "  --ffn T       expert and dense MLP gate/up/down_proj: mxfp4, mxfp8, mxint8, bf16 (as stored)\n" \
-    "  --attn T      attention q/k/v/o_proj: mxfp8, mxfp4, mxint8, bf16 (as stored)\n" \
+    "                bf16 (as stored), bf16p (ffn, attn and lm_head as BF16P: the BF16 values\n" \
+    "                losslessly in 12.5 bits each; decode faster, prefill slower)\n" \
+    "  --ffn T       expert and dense MLP gate/up/down_proj: mxfp4, mxfp8, mxint8, bf16 (as stored),\n" \
+    "                bf16p\n" \
+    "  --attn T      attention q/k/v/o_proj: mxfp8, mxfp4, mxint8, bf16 (as stored), bf16p\n" \
     "  --act A       inputs of the MX linears at run time: mxfp8, mxint8 or none (fp32)\n" \
-    "  --head T      lm_head: bf16 (as stored, the default), mxfp8, mxfp4, mxint8 (untied\n" \
+    "  --head T      lm_head: bf16 (as stored, the default), mxfp8, mxfp4, mxint8, bf16p (untied\n" \
     "                models; under --act its input is quantized too)\n" \
     "                (applied in the order given: --quant w4a8 --ffn mxfp8 is w8a8)\n"
 /* "ffn MXFP4, attn MXFP8, act MXFP8" into buf. */
