@@ -38,6 +38,7 @@
 
 #include "kernels/amx.h"
 #include "kernels/isa.h"
+#include "quant/bf16p.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -243,8 +244,28 @@ static void panel(float *out, size_t ldo, const uint16_t *A, size_t lda, int nr,
     }
 }
 
-/* BF16 weights whose rows the tiles take (K in whole k blocks). */
-static inline int amx_bf16(q3_dtype wt, int K) { return wt == Q3_BF16 && K % 32 == 0; }
+/* BF16 weights whose rows the tiles take (K in whole k blocks); BF16P
+ * rows are unpacked to BF16 first. */
+static inline int amx_bf16(q3_dtype wt, int K) { return (wt == Q3_BF16 || wt == Q3_BF16P) && K % 32 == 0; }
+
+/* BF16P rows, 16 at a time unpacked to BF16 into wbuf (a line more than K
+ * apart) while the next panel's packed rows come into L2 during the tiles,
+ * as mx_tiles does for MX codes. matmul.c's way for other tables (64 rows
+ * unpacked, from DRAM, then the BF16 kernels) ran q30b8 BF16P prefill 512
+ * at 208-209 tok/s against 302-314 this way, alternating (BF16 about 350
+ * in that window); prefill 128 even (132-139). */
+static void bf16p_panels(float *out, size_t ldo, const uint32_t *ap, int T, const q3_mat *W, int r0, int r1, uint16_t *wbuf) {
+    const int K = W->cols;
+    const size_t ws = (size_t)K + 32, rb = q3_bf16p_row_bytes((size_t)K);
+    for (int rg = r0; rg < r1; rg += 16) {
+        const int nr = r1 - rg < 16 ? r1 - rg : 16;
+        q3_bf16p_unpack_rows_avx2(wbuf, ws, W, rg, nr);
+        for (int r = nr; r < 16; r++) memcpy(wbuf + (size_t)r * ws, wbuf + (size_t)(nr - 1) * ws, (size_t)K * 2); /* dropped */
+        const int next = rg + 16 < W->rows;
+        const char *pf = next ? (const char *)W->data + (size_t)(rg + 16) * rb : NULL;
+        panel(out + (rg - r0), ldo, wbuf, ws * 2, nr, ap, T, K, 3, NULL, pf, (int)(16 * rb / 64 / (size_t)(K / 32)));
+    }
+}
 
 static void amx_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt) {
     if (amx_bf16(wt, K)) q3_amx_pack_split((uint32_t *)ap, x, ldx, T, K);
@@ -258,6 +279,10 @@ static void amx_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3
         return;
     }
     q3_amx_tiles_on();
+    if (W->dtype == Q3_BF16P) {
+        bf16p_panels(out, ldo, (const uint32_t *)ap, T, W, r0, r1, (uint16_t *)wbuf);
+        return;
+    }
     const size_t rs = W->rs ? W->rs : (size_t)K;
     const uint16_t *w = W->data;
     /* Rows of 4 KiB or more (K >= 2048) are streams the hardware prefetcher
@@ -504,6 +529,7 @@ void q3_amx_kernels(q3_isa_kernels *k) {
      * 463 / 452 -> 454 / 445 ms. */
     k->bc_min_t = 2;
     k->gemm_bc = amx_gemm_bc;
+    k->bc_bf16p = 1;
     k->a8_pack_act = amx_a8_pack_act;
     k->gemm_a8 = amx_gemm_a8;
     k->mx_panels = 1;

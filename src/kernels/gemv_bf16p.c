@@ -162,7 +162,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma"))) void q3_gemv_bf16p_avx512(f
 
 /* ---- whole rows back to BF16 (prefill runs the BF16 kernels on them) ---- */
 
-__attribute__((target("avx2,fma"))) void q3_bf16p_unpack_rows_avx2(uint16_t *dst, const q3_mat *W, int r0, int n) {
+__attribute__((target("avx2,fma"))) void q3_bf16p_unpack_rows_avx2(uint16_t *dst, size_t ds, const q3_mat *W, int r0, int n) {
     const int K = W->cols;
     const size_t rb = q3_bf16p_row_bytes((size_t)K);
     const __m256i tab = _mm256_setr_epi8(NIB_TABLE, NIB_TABLE);
@@ -171,7 +171,7 @@ __attribute__((target("avx2,fma"))) void q3_bf16p_unpack_rows_avx2(uint16_t *dst
                                            3, 6, 7, 10, 11, 14, 15);
     for (int r = 0; r < n; r++) {
         const uint8_t *g = (const uint8_t *)W->data + (size_t)(r0 + r) * rb;
-        uint16_t *d = dst + (size_t)r * K;
+        uint16_t *d = dst + (size_t)r * ds;
         for (int k = 0; k < K; k += 64, g += Q3_BF16P_GROUP_BYTES, d += 64) {
             q3_pf_lines(g, Q3_PF_WEIGHTS, 128);
             if (is_raw(g)) {

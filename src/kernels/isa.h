@@ -149,10 +149,11 @@ typedef struct {
      * gemm_bc computes out[t][r], r in [r0, r1), t < T, widening each
      * weight row once (wbuf: Q3_NR * (K + 16) floats of scratch). */
     void (*bc_pack_act)(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
-    /* bc_mx: gemm_bc also takes MX weights (cols % 64 == 0). lane_split:
-     * longer products run as several passes of the lane GEMMs (else they
-     * take the panel GEMM). */
-    int bc_mx, lane_split;
+    /* bc_mx: gemm_bc also takes MX weights (cols % 64 == 0); bc_bf16p:
+     * BF16P weights, as BF16 (else matmul.c unpacks their rows to BF16 for
+     * the BF16 kernels). lane_split: longer products run as several passes
+     * of the lane GEMMs (else they take the panel GEMM). */
+    int bc_mx, bc_bf16p, lane_split;
     /* Most tokens gemm_bc takes (<= Q3_BC_TOKENS_MAX; 0: Q3_LANE_TOKENS);
      * fewest it takes for plain dtypes (fewer go to gemm_small). */
     int bc_max_t, bc_min_t;
@@ -248,8 +249,8 @@ void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
 void q3_gemv_bf16p_avx2(float *out, const float *x, const q3_mat *W, int r0, int r1);
 void q3_gemv_bf16p_avx512(float *out, const float *x, const q3_mat *W, int r0, int r1);
 int q3_cpu_avx512bw(void);
-/* Rows [r0, r0 + n) of BF16P W as BF16 words, row after row (K apart). */
-void q3_bf16p_unpack_rows_avx2(uint16_t *dst, const q3_mat *W, int r0, int n);
+/* Rows [r0, r0 + n) of BF16P W as BF16 words, ds words apart. */
+void q3_bf16p_unpack_rows_avx2(uint16_t *dst, size_t ds, const q3_mat *W, int r0, int n);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */
 void q3_avx512bf16_a8_kernels(q3_isa_kernels *k);
 /* isa_avx512bf16.c's pieces the AMX A8 GEMM shares: the table's a8_prep;

@@ -299,8 +299,8 @@ static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, prep_gemv pg
 
 static int bc_shape_ok(const q3_mat *W) {
     const int mx = q3_dtype_is_mx(W->dtype);
-    return g_k->gemm_bc && (!mx || (g_k->bc_mx && W->cols % 64 == 0)) && cs_of(W) == 1 && W->cols % 16 == 0 &&
-           W->cols <= Q3_LANE_KMAX;
+    return g_k->gemm_bc && (!mx || (g_k->bc_mx && W->cols % 64 == 0)) && (W->dtype != Q3_BF16P || g_k->bc_bf16p) &&
+           cs_of(W) == 1 && W->cols % 16 == 0 && W->cols <= Q3_LANE_KMAX;
 }
 
 /* The integer GEMM: MXINT8 inputs against MXFP4 weights (the W4A8i
@@ -337,7 +337,7 @@ static int wo_gemm_ok(const q3_mm_job *jb) { return wo_takes(jb->W) && jb->T >= 
 /* Bytes of the lane GEMMs' packed fp32 input per token for W: fp32 lanes
  * (gemm_bc), or bf16 parts (BF16 weights on the AMX tiles, and gemm_wo). */
 static size_t bc_token_bytes(const q3_mat *W) {
-    const int parts = (W->dtype == Q3_BF16 || wo_takes(W)) ? g_k->tile_parts : 0;
+    const int parts = (W->dtype == Q3_BF16 || W->dtype == Q3_BF16P || wo_takes(W)) ? g_k->tile_parts : 0;
     return (size_t)W->cols * (parts ? 2 * (size_t)parts : 4);
 }
 
@@ -376,12 +376,10 @@ static void run_bf16p_unpacked(const q3_mm_job *jb, int r0, int nr) {
     uint16_t *buf = q3_scratch(Q3_SCR_BF16P, (size_t)BF16P_ROWS * (size_t)K * sizeof *buf);
     for (int q = r0; q < r0 + nr; q += BF16P_ROWS) {
         const int n = r0 + nr - q < BF16P_ROWS ? r0 + nr - q : BF16P_ROWS;
-        if (g_isa >= Q3_ISA_AVX2) q3_bf16p_unpack_rows_avx2(buf, W, q, n);
+        if (g_isa >= Q3_ISA_AVX2) q3_bf16p_unpack_rows_avx2(buf, (size_t)K, W, q, n);
         else
             for (int r = 0; r < n; r++)
-                for (int k = 0; k < K; k += Q3_BF16P_GROUP)
-                    q3_bf16p_unpack_group((const uint8_t *)q3_mat_rows(W, q + r, 1).data + (size_t)k / Q3_BF16P_GROUP * Q3_BF16P_GROUP_BYTES,
-                                          W->scales, W->side_groups, buf + (size_t)r * K + k);
+                q3_bf16p_unpack_row(q3_mat_rows(W, q + r, 1).data, (size_t)K, W->scales, W->side_groups, buf + (size_t)r * K);
         const q3_mat v = {.data = buf, .dtype = Q3_BF16, .rows = n, .cols = K};
         const q3_mm_job sub = {jb->out + q, jb->ldo, jb->x, jb->ldx, jb->T, &v, NULL};
         run_rows_any(&sub, NULL, 0, n);
@@ -399,7 +397,8 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
         if (run) call;     \
         return 1;          \
     } while (0)
-    if (W->dtype == Q3_BF16P && jb->T > 1) TAKE(run_bf16p_unpacked(jb, r0, nr));
+    if (W->dtype == Q3_BF16P && jb->T > 1 && !(jb->T >= g_k->bc_min_t && jb->T <= lane_most() && bc_shape_ok(W)))
+        TAKE(run_bf16p_unpacked(jb, r0, nr)); /* (else the broadcast GEMM below takes the packed rows) */
     const prep_gemv pg = prepared_gemv(W); /* a GEMV on an input copy applies (one token or a few) */
     if (jb->T == 1 && pg != PG_NONE) TAKE(run_gemv_prepared(jb, r0, nr, pg));
     if (pg == PG_A8 && jb->T <= g_k->a8_tokens_t && tokens_ok(W, pg)) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
@@ -416,7 +415,7 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
     if (wo_gemm_ok(jb) && (!run || run_gemm_wo(jb, r0, nr))) return 1;
     if (jb->T <= lane_most() && (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
         TAKE(run_gemm_bc(jb, r0, nr));
-    if (jb->T <= g_k->small_t && g_k->gemm_small && !q3_dtype_is_mx(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 &&
+    if (jb->T <= g_k->small_t && g_k->gemm_small && q3_dtype_is_plain(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 &&
         nr % 2 == 0)
         TAKE(g_k->gemm_small(jb->out, jb->ldo, jb->x, jb->ldx, jb->T, W, r0, r0 + nr));
 #undef TAKE
@@ -665,7 +664,7 @@ static int lane_pass_tokens(const q3_mat *W) {
     }
     if (!g_k->bc_max_t) return Q3_LANE_TOKENS;
     const int fit = (int)((1u << 20) / bc_token_bytes(W)) / 16 * 16;
-    if ((W->dtype == Q3_BF16 || wo_takes(W)) && g_k->tile_parts) return fit < 16 ? 16 : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
+    if ((W->dtype == Q3_BF16 || W->dtype == Q3_BF16P || wo_takes(W)) && g_k->tile_parts) return fit < 16 ? 16 : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
     return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
 }
 

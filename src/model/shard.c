@@ -41,11 +41,10 @@ static int col_slice(q3_shard *sh, q3_mat *W, int c0, int n) {
         return 0;
     }
     if (W->dtype == Q3_BF16P) {
-        uint16_t *el = own(sh, (size_t)W->rows * (size_t)n * sizeof *el);
-        float *row = q3_malloc((size_t)n * sizeof *row);
+        uint16_t *el = own(sh, (size_t)W->rows * (size_t)n * sizeof *el), *row = q3_malloc((size_t)W->cols * sizeof *row);
         for (int r = 0; r < W->rows; r++) {
-            q3_mat_row_f32(W, r, c0, n, row);
-            for (int k = 0; k < n; k++) el[(size_t)r * n + k] = q3_f32_to_bf16(row[k]); /* exact: BF16 values */
+            q3_bf16p_unpack_row(q3_mat_rows(W, r, 1).data, (size_t)W->cols, W->scales, W->side_groups, row);
+            memcpy(el + (size_t)r * n, row + c0, (size_t)n * sizeof *el);
         }
         free(row);
         *W = (q3_mat){.data = el, .dtype = Q3_BF16, .rows = W->rows, .cols = n};

@@ -70,6 +70,11 @@ size_t q3_bf16p_count_row(const uint16_t *src, size_t cols) {
     return raw;
 }
 
+void q3_bf16p_unpack_row(const uint8_t *row, size_t cols, const uint8_t *side, size_t side_groups, uint16_t *dst) {
+    for (size_t c = 0; c < cols; c += Q3_BF16P_GROUP, row += Q3_BF16P_GROUP_BYTES)
+        q3_bf16p_unpack_group(row, side, side_groups, dst + c);
+}
+
 void q3_bf16p_unpack_group(const uint8_t *g, const uint8_t *side, size_t side_groups, uint16_t *dst) {
     const uint32_t hdr = (uint32_t)g[0] | (uint32_t)g[1] << 8 | (uint32_t)g[2] << 16 | (uint32_t)g[3] << 24;
     if (hdr & 0x8000u) {

@@ -62,5 +62,7 @@ size_t q3_bf16p_count_row(const uint16_t *src, size_t cols);
 /* The 64 BF16 words of packed group g in element order. A raw group's index
  * at or past side_groups (a damaged file) gives NaNs. */
 void q3_bf16p_unpack_group(const uint8_t *g, const uint8_t *side, size_t side_groups, uint16_t *dst);
+/* A packed row of cols elements as BF16 words (the scalar decoder). */
+void q3_bf16p_unpack_row(const uint8_t *row, size_t cols, const uint8_t *side, size_t side_groups, uint16_t *dst);
 
 #endif

@@ -141,7 +141,7 @@ static void test_gemv(void) {
     q3_kernels_force(Q3_ISA_COUNT - 1);
     /* rows unpacked whole, and pieces of rows */
     if (q3_kernels_isa() >= Q3_ISA_AVX2) {
-        q3_bf16p_unpack_rows_avx2(back, &wp, 0, ROWS);
+        q3_bf16p_unpack_rows_avx2(back, COLS, &wp, 0, ROWS);
         CHECK(memcmp(back, v, (size_t)ROWS * COLS * 2) == 0);
     }
     float f[100];
