@@ -66,8 +66,13 @@ __attribute__((target("avx2,fma"))) INLINE void group_words_avx2(const uint8_t *
     int32_t hv;
     memcpy(&hv, g, 4);
     const __m256i h = _mm256_set1_epi32(hv);
-    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(g + 4)), l1 = _mm256_loadu_si256((const __m256i *)(g + 36));
-    const __m256i n = _mm256_loadu_si256((const __m256i *)(g + 68));
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)(g + 4)), l1 = _mm256_loadu_si256((const __m256i *)(g + 36));
+    __m256i n = _mm256_loadu_si256((const __m256i *)(g + 68));
+    /* each loaded once (GCC folded them into two instructions each: a
+     * second load, from L2 where the prefetch put the lines) */
+    Q3_IN_REGISTER(l0);
+    Q3_IN_REGISTER(l1);
+    Q3_IN_REGISTER(n);
     const __m256i t0 = _mm256_shuffle_epi8(tab, _mm256_and_si256(n, lo4));
     const __m256i t1 = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(n, 4), lo4));
     u[0] = _mm256_add_epi16(_mm256_unpacklo_epi8(l0, t0), h);
@@ -145,7 +150,8 @@ __attribute__((target("avx512f,avx512bw,avx2,fma"))) void q3_gemv_bf16p_avx512(f
                 int32_t hv;
                 memcpy(&hv, g, 4);
                 const __m512i h = _mm512_set1_epi32(hv);
-                const __m512i l = _mm512_loadu_si512(g + 4);
+                __m512i l = _mm512_loadu_si512(g + 4);
+                Q3_IN_REGISTER(l);
                 const __m512i n = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(g + 68)));
                 const __m512i t = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srlv_epi16(n, shifts), lo4));
                 u0 = _mm512_add_epi16(_mm512_unpacklo_epi8(l, t), h);
