@@ -68,7 +68,7 @@ void bench_checkpoint_size(const q3_model *m, double *params, double *bytes, con
         const q3_st_tensor *t = &m->st.tensors[i];
         double numel = 1;
         for (int d = 0; d < t->ndim; d++) numel *= (double)t->shape[d];
-        *bytes += (double)t->nbytes + (t->scales ? numel / 32 : 0);
+        *bytes += (double)t->nbytes + (double)t->scales_nbytes;
         *params += numel;
         if (i == 0) *dtype = q3_dtype_name(t->dtype);
         else if (strcmp(*dtype, q3_dtype_name(t->dtype))) *dtype = "mixed";
