@@ -8,8 +8,11 @@
  * to the L bytes (code bit 0, mantissa); one 16-bit add of the header then
  * puts each block's exponent offset in place (even words block A, odd
  * words block B), and a shift or a mask widens the even or the odd words
- * to fp32. On the AMX Xeon of BENCHMARKS.md a 1 GiB matrix from DRAM (2
- * threads) took 16-19 % less time than as BF16. */
+ * to fp32. On the AMX Xeon of BENCHMARKS.md (section "BF16P") a 1 GiB
+ * matrix from DRAM, 2 threads, streamed 1.1-1.45x the BF16 GEMV's rate of
+ * BF16 weights in most runs; in whole decode steps the AVX-512 GEMV gave
+ * 1.15-1.33x, the AVX2 one (more instructions than BF16's per weight,
+ * bound by its vector ports there) about 1x. */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -18,8 +21,6 @@
 #include "kernels/isa.h"
 #include "kernels/prefetch.h"
 #include "quant/bf16p.h"
-
-
 
 #define INLINE static inline __attribute__((always_inline))
 

@@ -363,9 +363,14 @@ static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     g_k->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
 
-/* Several tokens on BF16P weights: rows unpacked to BF16, this many at a
- * time, for the BF16 kernels (the unpack costs about a read of the rows;
- * the products T times that). */
+/* The broadcast GEMM takes this job's products. */
+static int bc_takes(const q3_mm_job *jb) {
+    return jb->T <= lane_most() && (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(jb->W->dtype)) && bc_shape_ok(jb->W);
+}
+
+/* Several tokens on BF16P weights where the broadcast GEMM does not take
+ * them (tables without AMX): rows unpacked to BF16, this many at a time,
+ * for the BF16 kernels. */
 enum { BF16P_ROWS = 64 };
 
 static void run_rows_any(const q3_mm_job *jb, const float *tiles, int r0, int nr);
@@ -397,8 +402,7 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
         if (run) call;     \
         return 1;          \
     } while (0)
-    if (W->dtype == Q3_BF16P && jb->T > 1 && !(jb->T >= g_k->bc_min_t && jb->T <= lane_most() && bc_shape_ok(W)))
-        TAKE(run_bf16p_unpacked(jb, r0, nr)); /* (else the broadcast GEMM below takes the packed rows) */
+    if (W->dtype == Q3_BF16P && jb->T > 1 && !bc_takes(jb)) TAKE(run_bf16p_unpacked(jb, r0, nr));
     const prep_gemv pg = prepared_gemv(W); /* a GEMV on an input copy applies (one token or a few) */
     if (jb->T == 1 && pg != PG_NONE) TAKE(run_gemv_prepared(jb, r0, nr, pg));
     if (pg == PG_A8 && jb->T <= g_k->a8_tokens_t && tokens_ok(W, pg)) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
@@ -413,8 +417,7 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
     if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && pg != PG_NONE) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
     /* weight-only MX on the tiles; rows whose scales do not fold go on to the broadcast GEMM */
     if (wo_gemm_ok(jb) && (!run || run_gemm_wo(jb, r0, nr))) return 1;
-    if (jb->T <= lane_most() && (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(W->dtype)) && bc_shape_ok(W))
-        TAKE(run_gemm_bc(jb, r0, nr));
+    if (bc_takes(jb)) TAKE(run_gemm_bc(jb, r0, nr));
     if (jb->T <= g_k->small_t && g_k->gemm_small && q3_dtype_is_plain(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 &&
         nr % 2 == 0)
         TAKE(g_k->gemm_small(jb->out, jb->ldo, jb->x, jb->ldx, jb->T, W, r0, r0 + nr));

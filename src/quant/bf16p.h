@@ -38,6 +38,8 @@
 #include <stdint.h>
 
 enum { Q3_BF16P_GROUP = 64, Q3_BF16P_GROUP_BYTES = 100, Q3_BF16P_RAW_BYTES = 128 };
+/* Most raw groups a tensor can have (the header's 31-bit index). */
+#define Q3_BF16P_RAW_MAX 0x7FFFFFFFu
 
 /* Bytes of one packed row of cols (a multiple of 64) elements. */
 static inline size_t q3_bf16p_row_bytes(size_t cols) { return cols / Q3_BF16P_GROUP * Q3_BF16P_GROUP_BYTES; }

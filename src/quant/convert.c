@@ -369,6 +369,9 @@ static int count_raw_groups(const q3_tensor_source *s, int ti, uint64_t *side_by
     }
     free(cnt);
     free(scratch);
+    if (raw > Q3_BF16P_RAW_MAX)
+        return q3_err("tensor %s: %zu of its groups of 64 do not fit BF16P (at most %u can be kept raw); use bf16", s->tensors[ti].name,
+                      raw, (unsigned)Q3_BF16P_RAW_MAX);
     *side_bytes = (uint64_t)raw * Q3_BF16P_RAW_BYTES;
     return 0;
 }
@@ -452,7 +455,7 @@ static void layout_free(layout *l) {
 static int plan_layout(const q3_tensor_source *src, q3_quant_scheme scheme, layout *l, int count) {
     memset(l, 0, sizeof *l);
     if (scheme.ffn == Q3_F32 || scheme.ffn == Q3_F16 || scheme.attn == Q3_F32 || scheme.attn == Q3_F16)
-        return q3_err("a scheme's weight types are MXFP4, MXFP8, MXINT8 or BF16 (as stored)");
+        return q3_err("a scheme's weight types are MXFP4, MXFP8, MXINT8, BF16P or BF16 (as stored)");
     l->secs[l->n_secs++] = (q3m_section_out){Q3M_SEC_CONFIG, src->config, src->config_len, 0};
     if (src->tokenizer)
         l->secs[l->n_secs++] = (q3m_section_out){Q3M_SEC_TOKENIZER, src->tokenizer, src->tokenizer_len, 0};
