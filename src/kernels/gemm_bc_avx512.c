@@ -23,6 +23,7 @@
 #include "kernels/lane_rem.h"
 #include "kernels/lane_store.h"
 #include "kernels/scratch.h"
+#include "quant/bf16p.h"
 #include "quant/mx.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -319,6 +320,10 @@ INLINE void widen_row(float *dst, const q3_mat *W, int r, int k0, int n) {
     }
     if (W->dtype == Q3_F32) {
         memcpy(dst, (const float *)W->data + (size_t)r * rs + k0, (size_t)n * sizeof(float));
+        return;
+    }
+    if (W->dtype == Q3_BF16P) { /* k0, n multiples of 64 (blocks of 128 or 512 columns) */
+        q3_bf16p_row_f32(W, r, k0, n, dst);
         return;
     }
     /* (the dtype tested once: the stores could alias *W, so GCC reloaded it every 16 elements) */
@@ -629,8 +634,9 @@ INLINE void row_groups(float *out, size_t ldo, const q3_mat *W, int r0, int r1, 
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf) {
     const int K = W->cols;
     /* bytes of a row's elements (MX: without its scales), for the next rows' prefetch */
-    const size_t rs = q3_dtype_is_mx(W->dtype) ? q3_mx_elem_bytes(W->dtype, (size_t)K)
-                                               : (W->rs ? W->rs : (size_t)K) * (W->dtype == Q3_F32 ? 4 : 2);
+    const size_t rs = q3_dtype_is_mx(W->dtype)    ? q3_mx_elem_bytes(W->dtype, (size_t)K)
+                      : W->dtype == Q3_BF16P ? q3_bf16p_row_bytes((size_t)K)
+                                             : (W->rs ? W->rs : (size_t)K) * (W->dtype == Q3_F32 ? 4 : 2);
     /* Stage row: each chunk's tokens (the last one's padded lanes too). */
     int tv, rem, ts;
     /* cs: the first chunk's tokens (grouped products: chunks as group_chunk says) */

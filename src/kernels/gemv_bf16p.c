@@ -122,6 +122,20 @@ __attribute__((target("avx2,fma"))) void q3_gemv_bf16p_avx2(float *out, const fl
     }
 }
 
+/* AVX-512 (BW): packed group g as U0 and U1 (bf16p.h), 32 words each. */
+__attribute__((target("avx512f,avx512bw,avx2,fma"))) INLINE void group_words_avx512(const uint8_t *g, __m512i tab, __m512i lo4,
+                                                                                    __m512i shifts, __m512i *u0, __m512i *u1) {
+    int32_t hv;
+    memcpy(&hv, g, 4);
+    const __m512i h = _mm512_set1_epi32(hv);
+    __m512i l = _mm512_loadu_si512(g + 4);
+    Q3_IN_REGISTER(l);
+    const __m512i n = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(g + 68)));
+    const __m512i t = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srlv_epi16(n, shifts), lo4));
+    *u0 = _mm512_add_epi16(_mm512_unpacklo_epi8(l, t), h);
+    *u1 = _mm512_add_epi16(_mm512_unpackhi_epi8(l, t), h);
+}
+
 /* AVX-512 (BW): the group as two vectors of 32 words, U0 and U1, from one
  * 64-byte unpack each; even words of U0 / U1 are elements 0-15 / 16-31,
  * odd words 32-47 / 48-63, the AVX-512 BF16 GEMV's accumulators 0-3. The
@@ -148,15 +162,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma"))) void q3_gemv_bf16p_avx512(f
                 }
                 u0 = _mm512_loadu_si512(raw), u1 = _mm512_loadu_si512(raw + 32);
             } else {
-                int32_t hv;
-                memcpy(&hv, g, 4);
-                const __m512i h = _mm512_set1_epi32(hv);
-                __m512i l = _mm512_loadu_si512(g + 4);
-                Q3_IN_REGISTER(l);
-                const __m512i n = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(g + 68)));
-                const __m512i t = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srlv_epi16(n, shifts), lo4));
-                u0 = _mm512_add_epi16(_mm512_unpacklo_epi8(l, t), h);
-                u1 = _mm512_add_epi16(_mm512_unpackhi_epi8(l, t), h);
+                group_words_avx512(g, tab, lo4, shifts, &u0, &u1);
             }
             a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(u0, 16)), _mm512_loadu_ps(x + k), a0);
             a1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(u1, 16)), _mm512_loadu_ps(x + k + 16), a1);
@@ -194,4 +200,54 @@ __attribute__((target("avx2,fma"))) void q3_bf16p_unpack_rows_avx2(uint16_t *dst
             }
         }
     }
+}
+
+/* ---- rows widened to fp32 (the broadcast GEMMs of AVX2 and AVX-512) ---- */
+
+__attribute__((target("avx2,fma"))) static void row_f32_avx2(const q3_mat *W, int r, int k0, int n, float *dst) {
+    const __m256i tab = _mm256_setr_epi8(NIB_TABLE, NIB_TABLE), hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
+    const uint8_t *g = (const uint8_t *)q3_mat_rows(W, r, 1).data + (size_t)k0 / 64 * Q3_BF16P_GROUP_BYTES;
+    for (int k = 0; k < n; k += 64, g += Q3_BF16P_GROUP_BYTES, dst += 64) {
+        q3_pf_lines(g, Q3_PF_WEIGHTS, 128);
+        __m256i u[4];
+        if (__builtin_expect(is_raw(g), 0)) {
+            uint16_t w[64];
+            q3_bf16p_unpack_group(g, W->scales, W->side_groups, w);
+            for (int i = 0; i < 64; i++) dst[i] = q3_bf16_to_f32(w[i]);
+            continue;
+        }
+        group_words_avx2(g, tab, u);
+        for (int i = 0; i < 4; i++) { /* u[i]'s even words are elements 8i .. 8i+7, its odd ones 32 + 8i .. */
+            _mm256_storeu_ps(dst + 8 * i, _mm256_castsi256_ps(_mm256_slli_epi32(u[i], 16)));
+            _mm256_storeu_ps(dst + 32 + 8 * i, _mm256_castsi256_ps(_mm256_and_si256(u[i], hi16)));
+        }
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma"))) static void row_f32_avx512(const q3_mat *W, int r, int k0, int n,
+                                                                                float *dst) {
+    const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(NIB_TABLE)), lo4 = _mm512_set1_epi8(0x0F),
+                  hi16 = _mm512_set1_epi32((int)0xFFFF0000u),
+                  shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const uint8_t *g = (const uint8_t *)q3_mat_rows(W, r, 1).data + (size_t)k0 / 64 * Q3_BF16P_GROUP_BYTES;
+    for (int k = 0; k < n; k += 64, g += Q3_BF16P_GROUP_BYTES, dst += 64) {
+        q3_pf_lines(g, Q3_PF_WEIGHTS, 128);
+        __m512i u0, u1;
+        if (__builtin_expect(is_raw(g), 0)) {
+            uint16_t w[64];
+            q3_bf16p_unpack_group(g, W->scales, W->side_groups, w);
+            for (int i = 0; i < 64; i++) dst[i] = q3_bf16_to_f32(w[i]);
+            continue;
+        }
+        group_words_avx512(g, tab, lo4, shifts, &u0, &u1);
+        _mm512_storeu_ps(dst, _mm512_castsi512_ps(_mm512_slli_epi32(u0, 16)));
+        _mm512_storeu_ps(dst + 16, _mm512_castsi512_ps(_mm512_slli_epi32(u1, 16)));
+        _mm512_storeu_ps(dst + 32, _mm512_castsi512_ps(_mm512_and_si512(u0, hi16)));
+        _mm512_storeu_ps(dst + 48, _mm512_castsi512_ps(_mm512_and_si512(u1, hi16)));
+    }
+}
+
+void q3_bf16p_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
+    if (q3_cpu_avx512bw()) row_f32_avx512(W, r, k0, n, dst);
+    else row_f32_avx2(W, r, k0, n, dst);
 }

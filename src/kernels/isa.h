@@ -249,6 +249,8 @@ void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
 void q3_gemv_bf16p_avx2(float *out, const float *x, const q3_mat *W, int r0, int r1);
 void q3_gemv_bf16p_avx512(float *out, const float *x, const q3_mat *W, int r0, int r1);
 int q3_cpu_avx512bw(void);
+/* Elements [k0, k0 + n) (multiples of 64) of row r of BF16P W as fp32. */
+void q3_bf16p_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);
 /* Rows [r0, r0 + n) of BF16P W as BF16 words, ds words apart. */
 void q3_bf16p_unpack_rows_avx2(uint16_t *dst, size_t ds, const q3_mat *W, int r0, int n);
 /* Fills in the A8 entries of an AVX-512 table (isa_avx512bf16.c). */

@@ -228,6 +228,7 @@ void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
         for (int k = 0; k < n; k += 8) _mm256_storeu_ps(dst + k, load8(W->data, o + k, Q3_F16));
         break;
     case Q3_MXINT8: mx_row_f32(W, r, k0, n, dst); break; /* k0, n multiples of 32 */
+    case Q3_BF16P: q3_bf16p_row_f32(W, r, k0, n, dst); break; /* k0, n multiples of 64 */
     default: memcpy(dst, (const float *)W->data + o, (size_t)n * sizeof(float)); break;
     }
 }
@@ -764,7 +765,7 @@ const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micr
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
     .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .mxi8_fake_quant = mxi8_fake_quant, .swiglu = swiglu,
     .mx_prep = q3_avx2_mx_prep, .gemv_mx = q3_avx2_gemv_mx, .gemv_mx_tokens = q3_avx2_gemv_mx_tokens, .tokens_t = 8, .bc_pack_act = q3_avx2_bc_pack_act,
-    .gemm_bc = q3_avx2_gemm_bc, .bc_mx = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
+    .gemm_bc = q3_avx2_gemm_bc, .bc_mx = 1, .bc_bf16p = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
     /* longer products as passes of gemm_bc, not the panel GEMM, whose packed input of a 1024-token
      * chunk (16 MiB for o_proj) streams from DRAM: q30b8 prefill 4096 on the Zen 5 of BENCHMARKS.md,
      * attention projections 9271 / 10781 -> 7223 / 7111 ms; prefill 512 unchanged */

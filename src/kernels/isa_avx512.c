@@ -514,7 +514,7 @@ static void swiglu(float *out, const float *gate, const float *up, int n) {
 const q3_isa_kernels q3_kernels_avx512 = {.mr = MR512, .gemv = gemv, .micro = micro, .small_t = 16, .gemm_small = gemm_small,
     .pack = pack, .dot = dot, .axpy = axpy, .scale = scale, .att_mm = att_mm, .att_softmax = att_softmax,
     .att_decode = att_decode, .mx8_fake_quant = mx8_fake_quant, .swiglu = swiglu, .bc_pack_act = q3_avx512_bc_pack_act, .gemm_bc = q3_avx512_gemm_bc,
-    .bc_mx = 1, .lane_split = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
+    .bc_mx = 1, .bc_bf16p = 1, .lane_split = 1, .bc_max_t = Q3_BC_TOKENS_MAX,
     /* Plain products of 2-8 tokens in gemm_small: with padded lanes the broadcast GEMM ran them at 61-125
      * GFLOP/s (kernel_bench 1536 2048 T, T = 2-8), gemm_small at 121-166, and it prefetches its rows.
      * q30b8 BF16 prefill, two pairs: 32 tokens 78.0 / 79.0 -> 99.1 / 93.8 tok/s, 128 151.5 / 151.8 ->

@@ -369,8 +369,9 @@ static int bc_takes(const q3_mm_job *jb) {
 }
 
 /* Several tokens on BF16P weights where the broadcast GEMM does not take
- * them (tables without AMX): rows unpacked to BF16, this many at a time,
- * for the BF16 kernels. */
+ * them (the scalar table; fewer tokens than it takes, or more without
+ * passes): rows unpacked to BF16, this many at a time, for the BF16
+ * kernels. */
 enum { BF16P_ROWS = 64 };
 
 static void run_rows_any(const q3_mm_job *jb, const float *tiles, int r0, int nr);

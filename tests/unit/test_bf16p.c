@@ -131,12 +131,16 @@ static void test_gemv(void) {
         k->gemv(a, x, &wp, 3, ROWS);
         k->gemv(b, x, &wb, 3, ROWS);
         CHECK(memcmp(a, b, (ROWS - 3) * sizeof *a) == 0);
-        /* what q3_matmul does with one token, and with several (rows unpacked) */
-        float y[2 * ROWS], z[2 * ROWS], x2[2 * COLS];
-        memcpy(x2, x, sizeof x), memcpy(x2 + COLS, x, sizeof x);
-        q3_matmul(y, x2, 2, &wp);
-        q3_matmul(z, x2, 2, &wb);
-        CHECK(memcmp(y, z, sizeof y) == 0);
+        /* q3_matmul on several tokens: rows unpacked for the BF16 kernels
+         * (2), the broadcast GEMMs widening packed rows (40, 150: passes) */
+        static float xt[150 * COLS], y[150 * ROWS], z[150 * ROWS];
+        for (int i = 0; i < 150 * COLS; i++) xt[i] = x[i % COLS] * (float)(1 + i / COLS % 7);
+        static const int tokens[] = {2, 40, 150};
+        for (int i = 0; i < 3; i++) {
+            q3_matmul(y, xt, tokens[i], &wp);
+            q3_matmul(z, xt, tokens[i], &wb);
+            CHECK(memcmp(y, z, (size_t)tokens[i] * ROWS * sizeof *y) == 0);
+        }
     }
     q3_kernels_force(Q3_ISA_COUNT - 1);
     /* rows unpacked whole, and pieces of rows */
@@ -144,10 +148,17 @@ static void test_gemv(void) {
         q3_bf16p_unpack_rows_avx2(back, COLS, &wp, 0, ROWS);
         CHECK(memcmp(back, v, (size_t)ROWS * COLS * 2) == 0);
     }
-    float f[100];
+    float f[128];
     q3_mat_row_f32(&wp, 7, 33, 100, f);
     int bad = 0;
     for (int k = 0; k < 100; k++) bad += f[k] != q3_bf16_to_f32(v[7 * COLS + 33 + k]);
+    CHECK_EQ_INT(bad, 0);
+    if (q3_kernels_isa() >= Q3_ISA_AVX2) /* the broadcast GEMMs' widening: row 0 has a raw group */
+        for (int r = 0; r < 2; r++)
+            for (int k0 = 0; k0 < COLS; k0 += 128) {
+                q3_bf16p_row_f32(&wp, r, k0, 128, f);
+                for (int k = 0; k < 128; k++) bad += f[k] != q3_bf16_to_f32(v[r * COLS + k0 + k]);
+            }
     CHECK_EQ_INT(bad, 0);
     CHECK_EQ_INT((long long)q3_mat_bytes(&wp), (long long)(ROWS * rb));
     /* a raw group's index past the side table (a damaged file): NaN, no read past it */
