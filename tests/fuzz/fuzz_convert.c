@@ -14,7 +14,7 @@
 #include "quant/convert.h"
 #include "util/error.h"
 
-static const char *const SCHEMES[] = {"w4a8", "w8a8", "w4a8i", "w8a8i", "w4", "w8", "bf16"};
+static const char *const SCHEMES[] = {"w4a8", "w8a8", "w4a8i", "w8a8i", "w4", "w8", "bf16", "bf16p"};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     static char ckpt[128], out[128];

@@ -12,7 +12,7 @@ rm -rf "$out"
 mkdir -p "$out"/{q3m,safetensors,convert,config,plan,tokenize,tokenizer_json}
 geo=(--layers 1 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --experts 4 --top-k 2 --moe-ffn 64 --vocab 64
      --tokenizer none)
-for q in w4a8 w8a8i bf16; do
+for q in w4a8 w8a8i bf16 bf16p; do
     "$q3moe" synth -o "$out/q3m/micro-$q.q3m" "${geo[@]}" --quant "$q" >/dev/null 2>&1
 done
 tmp=$(mktemp -d)
@@ -21,8 +21,8 @@ trap 'rm -rf "$tmp"' EXIT
 "$q3moe" synth -o "$tmp/dense" --preset tiny-dense --layers 1 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 \
     --ffn 64 --vocab 64 --tokenizer none --dtype mixed >/dev/null 2>&1
 cp "$tmp/moe/model.safetensors" "$out/safetensors/moe.safetensors"
-# convert: a scheme byte (fuzz_convert.c: 0 w4a8, 2 w4a8i, 6 bf16), then the file.
-for s in 0 2 6; do
+# convert: a scheme byte (fuzz_convert.c: 0 w4a8, 2 w4a8i, 6 bf16, 7 bf16p), then the file.
+for s in 0 2 6 7; do
     { printf "\\$(printf %03o "$s")"; cat "$tmp/moe/model.safetensors"; } >"$out/convert/moe-$s.bin"
 done
 cp "$tmp/moe/config.json" "$out/config/moe.json"
