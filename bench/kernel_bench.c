@@ -586,21 +586,23 @@ static int bf16p_bench(int M, int K, int rounds) {
         }
         printf("\n");
     }
-    /* prefill's unpack to BF16, 64 rows at a time into a per-thread buffer */
-    printf("unpack to BF16 (rows of 64 into a per-thread buffer), GB/s of BF16 bytes:");
-    for (int r = 0; r < rounds; r++) {
+    /* prefill's unpack to BF16, 64 rows at a time into a per-thread buffer (an AVX2 kernel) */
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) printf("unpack to BF16 (rows of 64 into a per-thread buffer), GB/s of BF16 bytes:");
+    for (int r = 0; r < rounds && __builtin_cpu_supports("avx2"); r++) {
         const double t0 = omp_get_wtime();
 #pragma omp parallel
         {
             const int nt = omp_get_num_threads(), t = omp_get_thread_num();
             const int r0 = (int)((long)M * t / nt), r1 = (int)((long)M * (t + 1) / nt);
             uint16_t *buf = aligned_alloc(64, (size_t)64 * K * 2);
+            if (!buf) abort();
             for (int q = r0; q < r1; q += 64) q3_bf16p_unpack_rows_avx2(buf, (size_t)K, &Wp, q, r1 - q < 64 ? r1 - q : 64);
             free(buf);
         }
         printf("  %.1f", n * 2 / (omp_get_wtime() - t0) / 1e9);
     }
-    printf("\n");
+    if (__builtin_cpu_supports("avx2")) printf("\n");
     q3_kernels_force(Q3_ISA_COUNT - 1);
     free(w), free(p), free(side), free(x), free(out);
     return 0;
