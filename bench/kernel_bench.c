@@ -32,8 +32,10 @@
  * CPU has them (rows split evenly over the threads; transparent huge pages):
  *   build/kernel_bench prefetch [rows cols pairs]
  * The BF16P GEMV against the BF16 one on the same values (normal weights,
- * sd 0.02), alternating in one process, per table, GB/s of BF16 bytes
- * (what a BF16 GEMV of that speed would read), best of each round:
+ * sd 0.02), alternating in one process, per table (AVX2, AVX-512 BW), with
+ * and without software prefetch, GEMVs in GB/s of BF16 bytes (what a BF16
+ * GEMV of that speed would read), best of each round, beside a plain read
+ * of the packed bytes:
  *   build/kernel_bench bf16p [rows cols rounds] */
 #include <math.h>
 #include <omp.h>
@@ -571,23 +573,29 @@ static int bf16p_bench(int M, int K, int rounds) {
     const q3_mat Wp = {.data = p, .dtype = Q3_BF16P, .rows = M, .cols = K, .scales = side, .side_groups = raw};
     printf("BF16P GEMV %dx%d: %.0f MiB as BF16, %.0f MiB packed (%.3f %% of groups raw), %d threads; GB/s of BF16 bytes\n", M, K,
            n * 2 / 1048576.0, M * rb / 1048576.0, 100.0 * raw / (n / 64), omp_get_max_threads());
-    for (int isa = Q3_ISA_AVX2; isa <= Q3_ISA_AVX512; isa++) {
-        q3_kernels_force((q3_isa)isa);
-        if ((int)q3_kernels_isa() != isa) continue;
-        const q3_isa_kernels *k = q3_isa_current();
-        printf("%s:", q3_isa_name((q3_isa)isa));
+    /* each table's GEMVs as shipped (software prefetch) and without it (two
+     * rows at a time, what Zen 4 runs), beside a plain read of the packed bytes */
+    __builtin_cpu_init();
+    for (int t = 0; t < 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); t++) {
+        if (t && !__builtin_cpu_supports("avx512bw")) break;
+        const q3_isa_kernels *sw = t ? &q3_kernels_avx512 : &q3_kernels_avx2;
+        q3_isa_kernels hw = *sw;
+        (t ? q3_avx512_hw_prefetch_kernels : q3_avx2_hw_prefetch_kernels)(&hw);
+        printf("%s, GB/s of BF16 bytes (BF16P's packed bytes at 0.78 of these; read: GB/s of a plain read of them):\n",
+               t ? "avx512" : "avx2");
         for (int r = 0; r < rounds; r++) {
-            double tb = 1e30, tp = 1e30;
-            for (int i = 0; i < 3; i++) {
-                const double a = gemv_time(k, out, x, &Wb), b = gemv_time(k, out, x, &Wp);
-                tb = a < tb ? a : tb, tp = b < tp ? b : tp;
-            }
-            printf("  bf16 %.1f / bf16p %.1f", n * 2 / tb / 1e9, n * 2 / tp / 1e9);
+            double tb[2] = {1e30, 1e30}, tp[2] = {1e30, 1e30}, rd = 1e30;
+            for (int i = 0; i < 3; i++)
+                for (int v = 0; v < 2; v++) {
+                    const q3_isa_kernels *k = v ? &hw : sw;
+                    const double a = gemv_time(k, out, x, &Wb), b = gemv_time(k, out, x, &Wp), c = read_time(p, (size_t)M * rb, 1);
+                    tb[v] = a < tb[v] ? a : tb[v], tp[v] = b < tp[v] ? b : tp[v], rd = c < rd ? c : rd;
+                }
+            printf("  sw: bf16 %5.1f bf16p %5.1f   hw: bf16 %5.1f bf16p %5.1f   read %5.1f\n", n * 2 / tb[0] / 1e9,
+                   n * 2 / tp[0] / 1e9, n * 2 / tb[1] / 1e9, n * 2 / tp[1] / 1e9, (double)M * rb / rd / 1e9);
         }
-        printf("\n");
     }
     /* prefill's unpack to BF16, 64 rows at a time into a per-thread buffer (an AVX2 kernel) */
-    __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) printf("unpack to BF16 (rows of 64 into a per-thread buffer), GB/s of BF16 bytes:");
     for (int r = 0; r < rounds && __builtin_cpu_supports("avx2"); r++) {
         const double t0 = omp_get_wtime();
@@ -603,7 +611,6 @@ static int bf16p_bench(int M, int K, int rounds) {
         printf("  %.1f", n * 2 / (omp_get_wtime() - t0) / 1e9);
     }
     if (__builtin_cpu_supports("avx2")) printf("\n");
-    q3_kernels_force(Q3_ISA_COUNT - 1);
     free(w), free(p), free(side), free(x), free(out);
     return 0;
 }

@@ -82,44 +82,84 @@ __attribute__((target("avx2,fma"))) INLINE void group_words_avx2(const uint8_t *
     u[3] = _mm256_add_epi16(_mm256_unpackhi_epi8(l1, t1), h);
 }
 
+/* The GEMV body for vectors V (zeroed by ZERO), a group summed into a
+ * row's four accumulators by GROUP_FMA(g, x, W, tab, acc) and the row's
+ * result by SUM4(acc). With pf (software prefetch pf bytes ahead) one row
+ * at a time, one weight stream; without (pf 0) the two halves of each span
+ * of Q3_GEMV_PAIR_SPAN rows side by side, row i with row half + i, for the
+ * hardware prefetchers, as the BF16 GEMVs of isa_avx2.c and isa_avx512.c
+ * (whose comments give the Zen 4 figures). Each row's sum is the one-row
+ * loop's either way. */
+#define BF16P_GEMV(V, ZERO, GROUP_FMA, SUM4, tab)                                                                      \
+    do {                                                                                                               \
+        const int K = W->cols;                                                                                         \
+        const size_t rb = q3_bf16p_row_bytes((size_t)K), gb = Q3_BF16P_GROUP_BYTES;                                    \
+        const uint8_t *d = W->data;                                                                                    \
+        int r = r0;                                                                                                    \
+        for (int c0 = r0; !pf && r1 - c0 >= 2; c0 = r) {                                                               \
+            const int half = q3_pair_half(c0, r1);                                                                     \
+            for (; r < c0 + half; r++) {                                                                               \
+                const uint8_t *ga = d + (size_t)r * rb, *gb_ = d + (size_t)(r + half) * rb;                            \
+                V a[4] = {ZERO, ZERO, ZERO, ZERO}, b[4] = {ZERO, ZERO, ZERO, ZERO};                                    \
+                for (int k = 0; k < K; k += 64, ga += gb, gb_ += gb) {                                                 \
+                    GROUP_FMA(ga, x + k, W, tab, a);                                                                   \
+                    GROUP_FMA(gb_, x + k, W, tab, b);                                                                  \
+                }                                                                                                      \
+                out[r - r0] = SUM4(a), out[r + half - r0] = SUM4(b);                                                   \
+            }                                                                                                          \
+            r = c0 + 2 * half;                                                                                         \
+        }                                                                                                              \
+        for (; r < r1; r++) {                                                                                          \
+            const uint8_t *g = d + (size_t)r * rb;                                                                     \
+            V a[4] = {ZERO, ZERO, ZERO, ZERO};                                                                         \
+            for (int k = 0; k < K; k += 64, g += gb) {                                                                 \
+                if (pf) q3_pf_lines(g, pf, 128);                                                                       \
+                GROUP_FMA(g, x + k, W, tab, a);                                                                        \
+            }                                                                                                          \
+            out[r - r0] = SUM4(a);                                                                                     \
+        }                                                                                                              \
+    } while (0)
+
 /* The AVX2 BF16 GEMV sums elements 8i .. 8i+7 into accumulator i in its
  * step at k and elements 32 + 8i .. in its step at k + 32: u[i]'s even,
- * then its odd words. */
-__attribute__((target("avx2,fma"))) void q3_gemv_bf16p_avx2(float *out, const float *x, const q3_mat *W, int r0, int r1) {
-    const int K = W->cols;
-    const size_t rb = q3_bf16p_row_bytes((size_t)K);
-    const __m256i tab = _mm256_setr_epi8(NIB_TABLE, NIB_TABLE), hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *g = (const uint8_t *)W->data + (size_t)r * rb;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int k = 0; k < K; k += 64, g += Q3_BF16P_GROUP_BYTES) {
-            q3_pf_lines(g, Q3_PF_WEIGHTS, 128);
-            __m256i u[4];
-            if (__builtin_expect(is_raw(g), 0)) {
-                const uint16_t *raw = raw_group(g, W);
-                if (!raw) {
-                    a0 = _mm256_set1_ps(__builtin_nanf(""));
-                    continue;
-                }
-                for (int i = 0; i < 4; i++) u[i] = _mm256_loadu_si256((const __m256i *)(raw + 16 * i));
-            } else {
-                group_words_avx2(g, tab, u);
-            }
+ * then its odd words. A raw group past the side table makes the row NaN. */
+__attribute__((target("avx2,fma"))) INLINE void group_fma_avx2(const uint8_t *g, const float *x, const q3_mat *W,
+                                                              __m256i tab, __m256 a[4]) {
+    const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
+    __m256i u[4];
+    if (__builtin_expect(is_raw(g), 0)) {
+        const uint16_t *raw = raw_group(g, W);
+        if (!raw) {
+            a[0] = _mm256_set1_ps(__builtin_nanf(""));
+            return;
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) u[i] = _mm256_loadu_si256((const __m256i *)(raw + 16 * i));
+    } else {
+        group_words_avx2(g, tab, u);
+    }
 #define EVEN(u) _mm256_castsi256_ps(_mm256_slli_epi32(u, 16))
 #define ODD(u) _mm256_castsi256_ps(_mm256_and_si256(u, hi16))
-            a0 = _mm256_fmadd_ps(EVEN(u[0]), _mm256_loadu_ps(x + k), a0);
-            a1 = _mm256_fmadd_ps(EVEN(u[1]), _mm256_loadu_ps(x + k + 8), a1);
-            a2 = _mm256_fmadd_ps(EVEN(u[2]), _mm256_loadu_ps(x + k + 16), a2);
-            a3 = _mm256_fmadd_ps(EVEN(u[3]), _mm256_loadu_ps(x + k + 24), a3);
-            a0 = _mm256_fmadd_ps(ODD(u[0]), _mm256_loadu_ps(x + k + 32), a0);
-            a1 = _mm256_fmadd_ps(ODD(u[1]), _mm256_loadu_ps(x + k + 40), a1);
-            a2 = _mm256_fmadd_ps(ODD(u[2]), _mm256_loadu_ps(x + k + 48), a2);
-            a3 = _mm256_fmadd_ps(ODD(u[3]), _mm256_loadu_ps(x + k + 56), a3);
+    a[0] = _mm256_fmadd_ps(EVEN(u[0]), _mm256_loadu_ps(x), a[0]);
+    a[1] = _mm256_fmadd_ps(EVEN(u[1]), _mm256_loadu_ps(x + 8), a[1]);
+    a[2] = _mm256_fmadd_ps(EVEN(u[2]), _mm256_loadu_ps(x + 16), a[2]);
+    a[3] = _mm256_fmadd_ps(EVEN(u[3]), _mm256_loadu_ps(x + 24), a[3]);
+    a[0] = _mm256_fmadd_ps(ODD(u[0]), _mm256_loadu_ps(x + 32), a[0]);
+    a[1] = _mm256_fmadd_ps(ODD(u[1]), _mm256_loadu_ps(x + 40), a[1]);
+    a[2] = _mm256_fmadd_ps(ODD(u[2]), _mm256_loadu_ps(x + 48), a[2]);
+    a[3] = _mm256_fmadd_ps(ODD(u[3]), _mm256_loadu_ps(x + 56), a[3]);
 #undef EVEN
 #undef ODD
-        }
-        out[r - r0] = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    }
+}
+
+__attribute__((target("avx2,fma"))) INLINE float sum4_avx2(const __m256 a[4]) {
+    return hsum8(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+}
+
+__attribute__((target("avx2,fma"))) void q3_gemv_bf16p_avx2(float *out, const float *x, const q3_mat *W, int r0, int r1,
+                                                            size_t pf) {
+    const __m256i tab = _mm256_setr_epi8(NIB_TABLE, NIB_TABLE);
+    BF16P_GEMV(__m256, _mm256_setzero_ps(), group_fma_avx2, sum4_avx2, tab);
 }
 
 /* AVX-512 (BW): packed group g as U0 and U1 (bf16p.h), 32 words each. */
@@ -136,41 +176,39 @@ __attribute__((target("avx512f,avx512bw,avx2,fma"))) INLINE void group_words_avx
     *u1 = _mm512_add_epi16(_mm512_unpackhi_epi8(l, t), h);
 }
 
-/* AVX-512 (BW): the group as two vectors of 32 words, U0 and U1, from one
- * 64-byte unpack each; even words of U0 / U1 are elements 0-15 / 16-31,
- * odd words 32-47 / 48-63, the AVX-512 BF16 GEMV's accumulators 0-3. The
- * 32 nibble bytes are read into both halves of a vector and shifted by 0
- * or 4 per half. */
-__attribute__((target("avx512f,avx512bw,avx2,fma"))) void q3_gemv_bf16p_avx512(float *out, const float *x, const q3_mat *W,
-                                                                              int r0, int r1) {
-    const int K = W->cols;
-    const size_t rb = q3_bf16p_row_bytes((size_t)K);
-    const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(NIB_TABLE)), lo4 = _mm512_set1_epi8(0x0F),
-                  hi16 = _mm512_set1_epi32((int)0xFFFF0000u),
+/* The group into the AVX-512 BF16 GEMV's accumulators 0-3: even words of
+ * U0 / U1 are elements 0-15 / 16-31, odd words 32-47 / 48-63. The 32
+ * nibble bytes are read into both halves of a vector and shifted by 0 or
+ * 4 per half. */
+__attribute__((target("avx512f,avx512bw,avx2,fma"))) INLINE void group_fma_avx512(const uint8_t *g, const float *x,
+                                                                                  const q3_mat *W, __m512i tab, __m512 a[4]) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), hi16 = _mm512_set1_epi32((int)0xFFFF0000u),
                   shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *g = (const uint8_t *)W->data + (size_t)r * rb;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int k = 0; k < K; k += 64, g += Q3_BF16P_GROUP_BYTES) {
-            q3_pf_lines(g, Q3_PF_WEIGHTS, 128);
-            __m512i u0, u1;
-            if (__builtin_expect(is_raw(g), 0)) {
-                const uint16_t *raw = raw_group(g, W);
-                if (!raw) {
-                    a0 = _mm512_set1_ps(__builtin_nanf(""));
-                    continue;
-                }
-                u0 = _mm512_loadu_si512(raw), u1 = _mm512_loadu_si512(raw + 32);
-            } else {
-                group_words_avx512(g, tab, lo4, shifts, &u0, &u1);
-            }
-            a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(u0, 16)), _mm512_loadu_ps(x + k), a0);
-            a1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(u1, 16)), _mm512_loadu_ps(x + k + 16), a1);
-            a2 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(u0, hi16)), _mm512_loadu_ps(x + k + 32), a2);
-            a3 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(u1, hi16)), _mm512_loadu_ps(x + k + 48), a3);
+    __m512i u0, u1;
+    if (__builtin_expect(is_raw(g), 0)) {
+        const uint16_t *raw = raw_group(g, W);
+        if (!raw) {
+            a[0] = _mm512_set1_ps(__builtin_nanf(""));
+            return;
         }
-        out[r - r0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        u0 = _mm512_loadu_si512(raw), u1 = _mm512_loadu_si512(raw + 32);
+    } else {
+        group_words_avx512(g, tab, lo4, shifts, &u0, &u1);
     }
+    a[0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(u0, 16)), _mm512_loadu_ps(x), a[0]);
+    a[1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(u1, 16)), _mm512_loadu_ps(x + 16), a[1]);
+    a[2] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(u0, hi16)), _mm512_loadu_ps(x + 32), a[2]);
+    a[3] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(u1, hi16)), _mm512_loadu_ps(x + 48), a[3]);
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma"))) INLINE float sum4_avx512(const __m512 a[4]) {
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma"))) void q3_gemv_bf16p_avx512(float *out, const float *x, const q3_mat *W,
+                                                                              int r0, int r1, size_t pf) {
+    const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(NIB_TABLE));
+    BF16P_GEMV(__m512, _mm512_setzero_ps(), group_fma_avx512, sum4_avx512, tab);
 }
 
 /* ---- whole rows back to BF16 (prefill runs the BF16 kernels on them) ---- */

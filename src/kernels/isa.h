@@ -245,9 +245,11 @@ void q3_avx2_gemv_mx_tokens(float *out, size_t ldo, const void *xb, size_t xs, i
 void q3_avx2_mx_row_slots(const q3_mat *W, int r, float *dst);
 /* gemv_bf16p.c: GEMVs on BF16P weights (the _avx512 one needs AVX-512
  * BW, which q3_cpu_avx512bw tells), each a row's sum bit for bit as the
- * same ISA's BF16 GEMV sums the unpacked row. */
-void q3_gemv_bf16p_avx2(float *out, const float *x, const q3_mat *W, int r0, int r1);
-void q3_gemv_bf16p_avx512(float *out, const float *x, const q3_mat *W, int r0, int r1);
+ * same ISA's BF16 GEMV sums the unpacked row. pf: the software prefetch
+ * distance in bytes, or 0 for none (two rows at a time, as the tables'
+ * hardware-prefetch GEMVs). */
+void q3_gemv_bf16p_avx2(float *out, const float *x, const q3_mat *W, int r0, int r1, size_t pf);
+void q3_gemv_bf16p_avx512(float *out, const float *x, const q3_mat *W, int r0, int r1, size_t pf);
 int q3_cpu_avx512bw(void);
 /* Elements [k0, k0 + n) (multiples of 64) of row r of BF16P W as fp32. */
 void q3_bf16p_row_f32(const q3_mat *W, int r, int k0, int n, float *dst);

@@ -235,7 +235,7 @@ void q3_avx2_row_f32(const q3_mat *W, int r, int k0, int n, float *dst) {
 
 INLINE void gemv_pf(float *out, const float *x, const q3_mat *W, int r0, int r1, const size_t pf) {
     if (W->dtype == Q3_BF16P) {
-        q3_gemv_bf16p_avx2(out, x, W, r0, r1);
+        q3_gemv_bf16p_avx2(out, x, W, r0, r1, pf);
         return;
     }
     if (q3_dtype_is_mx(W->dtype) && W->cs <= 1 && W->cols % 32 == 0) {

@@ -91,8 +91,8 @@ INLINE void gemv_t(float *out, const float *x, const q3_mat *W, int r0, int r1, 
 
 INLINE void gemv_pf(float *out, const float *x, const q3_mat *W, int r0, int r1, const size_t pf) {
     if (W->dtype == Q3_BF16P) {
-        if (q3_cpu_avx512bw()) q3_gemv_bf16p_avx512(out, x, W, r0, r1);
-        else q3_gemv_bf16p_avx2(out, x, W, r0, r1);
+        if (q3_cpu_avx512bw()) q3_gemv_bf16p_avx512(out, x, W, r0, r1, pf);
+        else q3_gemv_bf16p_avx2(out, x, W, r0, r1, pf);
         return;
     }
     /* MX weights (the shapes the prepared GEMV does not take) and column
