@@ -256,6 +256,30 @@ def llama_bench(bins, gguf, threads, prompts, n_dec, depth, extra):
     return out
 
 
+def read_gbs(q3moe, threads, mb):
+    """The host's plain memory read rate now (q3moe bench --membw, best of its passes over mb MiB). On
+    shared VMs it switches between states minutes apart (on a Zen 4 here, 35 and 65 GB/s); a round whose
+    two engines ran in different states does not compare."""
+    with tempfile.TemporaryDirectory() as td:
+        js = os.path.join(td, "m.json")
+        run([q3moe, "bench", "--membw", "-t", str(threads), "--membw-mb", str(mb), "--json", js])
+        with open(js) as f:
+            return json.load(f)["membw"]["best_gbs"]
+
+
+def probed(probe, bench):
+    """bench() with the read rate just before and just after it, as its "reads"."""
+    before = probe()
+    out = bench()
+    out["reads"] = [before, probe()]
+    return out
+
+
+def is_steady(rnd, factor):
+    reads = rnd["llama.cpp"]["reads"] + rnd["q3moe"]["reads"]
+    return max(reads) <= factor * min(reads)
+
+
 def q3moe_bench(q3moe, model, threads, prompts, n_dec, depth, extra):
     with tempfile.TemporaryDirectory() as td:
         js = os.path.join(td, "b.json")
@@ -289,6 +313,9 @@ def main():
     ap.add_argument("--q3moe-opts", default="", help="more options for q3moe bench, e.g. --q3moe-opts=--hugepages "
                     "(with =, since they start with -)")
     ap.add_argument("--llama-opts", default="", help="more options for llama-bench, e.g. --llama-opts=\"-lm none\"")
+    ap.add_argument("--steady", type=float, default=1.15, help="a round is steady when the host's read rates "
+                    "measured before and after each engine's run are within this factor of each other (default "
+                    "1.15); the table gives the speed-up over steady rounds too (0: no read probes)")
     ap.add_argument("--json", help="also write the results as JSON (an existing file is refused unless --force)")
     ap.add_argument("--force", action="store_true", help="overwrite the --json file")
     a = ap.parse_args()
@@ -303,6 +330,8 @@ def main():
     for name, v, lo in (("-n", a.n_dec, 0), ("--depth", a.depth, 0), ("-r", a.rounds, 1), ("-t", a.threads, 1)):
         if v < lo:
             fail(f"{name} {v}: must be at least {lo}")
+    if a.steady != 0 and not 1 <= a.steady <= 10:
+        fail(f"--steady {a.steady}: a factor from 1 to 10, or 0 for no read probes")
     if not prompts and not a.n_dec:
         fail("nothing to measure: -p 0 and -n 0")
     try:
@@ -368,6 +397,10 @@ def main():
             log(f"{p}: round {r + 1}/{a.rounds}")
             run_l = lambda: llama_bench(bins, theirs, a.threads, prompts, a.n_dec, a.depth, llama_opts)  # noqa: E731
             run_q = lambda: q3moe_bench(q3moe, ours, a.threads, prompts, a.n_dec, a.depth, q3moe_opts)  # noqa: E731
+            if a.steady:
+                probe = lambda: read_gbs(q3moe, a.threads, 512)  # noqa: E731
+                run_l = lambda f=run_l: probed(probe, f)  # noqa: E731
+                run_q = lambda f=run_q: probed(probe, f)  # noqa: E731
             if r % 2 == 0:
                 l, q = run_l(), run_q()
             else:
@@ -383,8 +416,13 @@ def main():
         print(f"q3moe bench {' '.join(q3moe_opts) or '(defaults)'}; llama-bench {' '.join(llama_opts) or '(defaults)'}")
     print(f"medians of {a.rounds} alternating rounds; the ratio range is over the rounds; decode is the mean "
           f"ms per token of {a.n_dec} steps after {a.depth} tokens\n")
-    print("| pair | test | llama.cpp | q3moe | q3moe speed-up (range) |")
-    print("|---|---|---|---|---|")
+    steady = {p: [r for r in rounds if a.steady and is_steady(r, a.steady)] for p, rounds in results.items()}
+    if a.steady:
+        print(f"steady rounds: the host's read rates before and after both engines' runs within {a.steady}x of "
+              "each other\n")
+    print("| pair | test | llama.cpp | q3moe | q3moe speed-up (range) |" + (" steady rounds: speed-up (n) |" if a.steady
+                                                                            else ""))
+    print("|---|---|---|---|---|" + ("---|" if a.steady else ""))
     summary = {}
     for p, rounds in results.items():
         lt, qt = labels[p]
@@ -398,10 +436,24 @@ def main():
             sp = [(q / l) if higher_better else (l / q) for l, q in zip(lv, qv)]
             lm, qm = statistics.median(lv), statistics.median(qv)
             ratio = qm / lm if higher_better else lm / qm
-            print(f"| {lt} vs {qt} | {test} | {lm:.2f} | {qm:.2f} | {ratio:.2f}x ({min(sp):.2f}-{max(sp):.2f}) |")
+            st = [(l / q if not higher_better else q / l) for l, q in
+                  ((get(x["llama.cpp"]), get(x["q3moe"])) for x in steady[p])]
+            cell = (f" {statistics.median(st):.2f}x ({len(st)}) |" if st else " none |") if a.steady else ""
+            print(f"| {lt} vs {qt} | {test} | {lm:.2f} | {qm:.2f} | {ratio:.2f}x ({min(sp):.2f}-{max(sp):.2f}) |{cell}")
             summary[p][test] = {"llama.cpp": lv, "q3moe": qv, "speedup_of_medians": ratio}
+            if a.steady:
+                summary[p][test]["steady_speedup_median"] = statistics.median(st) if st else None
         summary[p]["q3moe_2mib_page_gb"] = [x["q3moe"]["pmd_gb"] for x in rounds]
+        if a.steady:
+            summary[p]["read_gbs"] = [{"llama.cpp": x["llama.cpp"]["reads"], "q3moe": x["q3moe"]["reads"]} for x in rounds]
+            summary[p]["steady_rounds"] = [is_steady(x, a.steady) for x in rounds]
     print()
+    for p, rounds in results.items():
+        if a.steady:
+            print(f"{labels[p][1]}: host read GB/s before-after llama.cpp / q3moe, by round: " + ", ".join(
+                "{:.0f}-{:.0f} / {:.0f}-{:.0f}{}".format(*x["llama.cpp"]["reads"], *x["q3moe"]["reads"],
+                                                         "" if is_steady(x, a.steady) else " (not steady)")
+                for x in rounds))
     for p, rounds in results.items():
         gb = [x["q3moe"]["pmd_gb"] for x in rounds]
         print(f"{labels[p][1]}: q3moe's weights under 2 MiB pages, by round: "

@@ -58,6 +58,8 @@ def test_config_not_json(tmp_path):
     (["-p", "0", "-n", "0"], "nothing to measure"),
     (["--pairs", "bf16,fp8"], "--pairs: unknown pair 'fp8'"),
     (["--q3moe-opts='--hugepages"], "--q3moe-opts / --llama-opts: No closing quotation"),
+    (["--steady", "0.9"], "--steady 0.9: a factor from 1 to 10, or 0 for no read probes"),
+    (["--steady", "nan"], "--steady nan: a factor from 1 to 10"),
 ])
 def test_bad_arguments(configs, tmp_path, args, message):
     refused(["-m", configs["moe"]] + args, tmp_path, message)
@@ -78,3 +80,21 @@ def test_json_not_overwritten(configs, tmp_path):
     js.write_text("mine")
     refused(["-m", configs["moe"], "--json", js], tmp_path, f"--json {js} exists (--force overwrites it)")
     assert js.read_text() == "mine"
+
+
+def test_read_probe(tmp_path):
+    """The host read probe the rounds take around each engine's run reads a real rate from q3moe bench, and
+    a round is steady only when all four of its reads agree within the factor."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("vs_llama_cpp", SCRIPT)
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    gbs = vs.read_gbs(Q3MOE, 1, 16)
+    assert 0.1 < gbs < 10000
+    rnd = lambda lr, qr: {"llama.cpp": {"reads": lr}, "q3moe": {"reads": qr}}  # noqa: E731
+    assert vs.is_steady(rnd([35, 36], [34, 37]), 1.15)
+    assert not vs.is_steady(rnd([35, 36], [34, 64]), 1.15)
+    assert not vs.is_steady(rnd([64, 36], [64, 64]), 1.15)
+    assert vs.is_steady(rnd([64, 36], [64, 64]), 2)
+    out = vs.probed(lambda: 7.0, lambda: {"decode_ms": 1})
+    assert out == {"decode_ms": 1, "reads": [7.0, 7.0]}
