@@ -15,7 +15,7 @@
  * bound by its vector ports there) about 1x. On the Zen 4 (section
  * "llama.cpp on a Zen 4"), without software prefetch, both streamed their
  * packed bytes at the plain read (35 GB/s), 1.3x BF16's rate of BF16
- * weights; with it, 0.75x of that. */
+ * weights; with it, 0.73-0.85x of that. */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
