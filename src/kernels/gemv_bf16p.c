@@ -85,7 +85,8 @@ __attribute__((target("avx2,fma"))) INLINE void group_words_avx2(const uint8_t *
     u[3] = _mm256_add_epi16(_mm256_unpackhi_epi8(l1, t1), h);
 }
 
-/* The GEMV body for vectors V (zeroed by ZERO), a group summed into a
+/* The body of a BF16P GEMV (out, x, W, r0, r1, pf as the functions below
+ * take them) for vectors V (zeroed by ZERO), a group summed into a
  * row's four accumulators by GROUP_FMA(g, x, W, tab, acc) and the row's
  * result by SUM4(acc). With pf (software prefetch pf bytes ahead) one row
  * at a time, one weight stream; without (pf 0) the two halves of each span
@@ -96,17 +97,17 @@ __attribute__((target("avx2,fma"))) INLINE void group_words_avx2(const uint8_t *
 #define BF16P_GEMV(V, ZERO, GROUP_FMA, SUM4, tab)                                                                      \
     do {                                                                                                               \
         const int K = W->cols;                                                                                         \
-        const size_t rb = q3_bf16p_row_bytes((size_t)K), gb = Q3_BF16P_GROUP_BYTES;                                    \
+        const size_t rb = q3_bf16p_row_bytes((size_t)K), step = Q3_BF16P_GROUP_BYTES;                                  \
         const uint8_t *d = W->data;                                                                                    \
         int r = r0;                                                                                                    \
         for (int c0 = r0; !pf && r1 - c0 >= 2; c0 = r) {                                                               \
             const int half = q3_pair_half(c0, r1);                                                                     \
             for (; r < c0 + half; r++) {                                                                               \
-                const uint8_t *ga = d + (size_t)r * rb, *gb_ = d + (size_t)(r + half) * rb;                            \
+                const uint8_t *ga = d + (size_t)r * rb, *gb = d + (size_t)(r + half) * rb;                             \
                 V a[4] = {ZERO, ZERO, ZERO, ZERO}, b[4] = {ZERO, ZERO, ZERO, ZERO};                                    \
-                for (int k = 0; k < K; k += 64, ga += gb, gb_ += gb) {                                                 \
+                for (int k = 0; k < K; k += 64, ga += step, gb += step) {                                              \
                     GROUP_FMA(ga, x + k, W, tab, a);                                                                   \
-                    GROUP_FMA(gb_, x + k, W, tab, b);                                                                  \
+                    GROUP_FMA(gb, x + k, W, tab, b);                                                                   \
                 }                                                                                                      \
                 out[r - r0] = SUM4(a), out[r + half - r0] = SUM4(b);                                                   \
             }                                                                                                          \
@@ -115,7 +116,7 @@ __attribute__((target("avx2,fma"))) INLINE void group_words_avx2(const uint8_t *
         for (; r < r1; r++) {                                                                                          \
             const uint8_t *g = d + (size_t)r * rb;                                                                     \
             V a[4] = {ZERO, ZERO, ZERO, ZERO};                                                                         \
-            for (int k = 0; k < K; k += 64, g += gb) {                                                                 \
+            for (int k = 0; k < K; k += 64, g += step) {                                                               \
                 if (pf) q3_pf_lines(g, pf, 128);                                                                       \
                 GROUP_FMA(g, x + k, W, tab, a);                                                                        \
             }                                                                                                          \
