@@ -2,7 +2,7 @@
 
 Each scheme converts a small random checkpoint with `q3moe convert` and
 compares `q3moe logits -m X.q3m` (one prefill, and --prefill 1: every later
-token a decode step) against `reference.py logits` given the same scheme
+token a decode step; for MXFP8 inputs also with the AVX2 kernels) against `reference.py logits` given the same scheme
 flags: max|delta| <= 1e-3 * max(1, max|ref|) and the same argmax wherever the
 reference's top two logits are further apart than twice that tolerance (as in
 test_reference.py: closer than that, either pick is within tolerance).
@@ -87,11 +87,11 @@ def case_ids(ckpt):
     return [int(i) for i in rng.integers(0, 512, N_IDS)]
 
 
-def engine_logits(model, ids, prefill, out):
+def engine_logits(model, ids, prefill, out, isa=None):
     cmd = [Q3MOE, "logits", "-m", model, "--ids", ",".join(map(str, ids)), "-o", out]
     if prefill is not None:
         cmd += ["--prefill", prefill]
-    run(cmd)
+    run(cmd, env={**os.environ, "Q3MOE_ISA": isa} if isa else None)
     return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
 
 
@@ -110,11 +110,14 @@ def test_quantized_logits_match_reference(ckpt, scheme, checkpoint, tmp_path):
     tol = 1e-3 * max(1.0, float(np.abs(ref).max()))
     top2 = np.sort(ref, axis=1)[:, -2:]
     decisive = (top2[:, 1] - top2[:, 0]) > 2 * tol
-    for prefill in (None, 1):
-        got = engine_logits(q3m, ids, prefill, tmp_path / f"logits_{prefill}.bin")
+    # The AVX2 table's decode steps too, wherever the default is another: its A8 GEMV sums MXFP8 x
+    # MXFP4 products in integers (gemv_a8_avx2.c).
+    runs = [(None, None), (1, None)] + [(1, "avx2")] * (SCHEMES[scheme][2] == "mxfp8")
+    for prefill, isa in runs:
+        got = engine_logits(q3m, ids, prefill, tmp_path / f"logits_{prefill}_{isa}.bin", isa)
         assert got.shape == ref.shape
         delta = float(np.abs(got - ref).max())
-        label = f"{ckpt} {scheme} prefill={prefill or 'all'}"
+        label = f"{ckpt} {scheme} prefill={prefill or 'all'}" + (f" Q3MOE_ISA={isa}" if isa else "")
         print(f"{label}: max|delta| = {delta:.3g} (tolerance {tol:.3g})")
         assert delta <= tol, f"{label}: max|delta| {delta:.3g} > {tol:.3g}"
         bad = np.nonzero(decisive & (got.argmax(1) != ref.argmax(1)))[0]

@@ -226,6 +226,9 @@ void q3_avx2_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_ma
 /* gemv_i8_avx2.c */
 void q3_avx2_i8_prep(void *xq, const float *x, int K, q3_dtype wt);
 void q3_avx2_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
+/* gemv_a8_avx2.c: the A8 GEMV (MXFP8 inputs; MXFP4 weights in integers, MXFP8 ones as gemv_mx) */
+void q3_avx2_a8_prep(void *xb, const float *x, int K, q3_dtype wt);
+void q3_avx2_gemv_a8(float *out, const void *xb, const q3_mat *W, int r0, int r1);
 /* 32 inputs as MXINT8 codes; returns the block factor 2^(shared - 6), NaN
  * (codes 0) for a non-finite block. */
 float q3_avx2_i8_quant_block(const float *x, int8_t q[32]);

@@ -774,5 +774,7 @@ const q3_isa_kernels q3_kernels_avx2 = {.mr = Q3_MR, .gemv = gemv, .micro = micr
      * thread, for gemm_small (13-15 tokens 74-78 GFLOP/s against the broadcast GEMM's 60-76, 16 on par) */
     .bc_min_t = 16, .mx_gemv_t = 8, .i8_gemv_t = 8,
     .i8_prep = q3_avx2_i8_prep, .gemv_i8 = q3_avx2_gemv_i8, .i8_pack_act = q3_avx2_i8_pack_act,
-    .gemm_i8 = q3_avx2_gemm_i8};
+    .gemm_i8 = q3_avx2_gemm_i8,
+    /* one token's MXFP8 inputs against MXFP4 weights in integers (more take gemv_mx_tokens) */
+    .a8_prep = q3_avx2_a8_prep, .gemv_a8 = q3_avx2_gemv_a8};
 #pragma GCC pop_options

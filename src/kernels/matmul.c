@@ -182,9 +182,10 @@ static int a8_shape_ok(const q3_mat *W, int kmax) { return W->a8 && mx_shape_ok(
  * integer one (MXINT8 inputs). */
 typedef enum { PG_NONE, PG_MX, PG_A8, PG_I8 } prep_gemv;
 
-static prep_gemv prepared_gemv(const q3_mat *W) {
+static prep_gemv prepared_gemv(const q3_mat *W, int T) {
     if (gemv_i8_ok(W)) return PG_I8;
-    if (g_k->gemv_a8 && a8_shape_ok(W, A8_KMAX)) return PG_A8;
+    /* (an A8 GEMV without a tokens pass serves one token: more share each decoded row in gemv_mx_tokens) */
+    if (g_k->gemv_a8 && a8_shape_ok(W, A8_KMAX) && (T == 1 || g_k->gemv_a8_tokens)) return PG_A8;
     return g_k->gemv_mx && mx_shape_ok(W, A8_KMAX) ? PG_MX : PG_NONE;
 }
 
@@ -404,7 +405,7 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
         return 1;          \
     } while (0)
     if (W->dtype == Q3_BF16P && jb->T > 1 && !bc_takes(jb)) TAKE(run_bf16p_unpacked(jb, r0, nr));
-    const prep_gemv pg = prepared_gemv(W); /* a GEMV on an input copy applies (one token or a few) */
+    const prep_gemv pg = prepared_gemv(W, jb->T); /* a GEMV on an input copy applies (one token or a few) */
     if (jb->T == 1 && pg != PG_NONE) TAKE(run_gemv_prepared(jb, r0, nr, pg));
     if (pg == PG_A8 && jb->T <= g_k->a8_tokens_t && tokens_ok(W, pg)) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
     if (a8_gemm_ok(jb) && (!run || run_gemm_a8(jb, r0, nr))) return 1;

@@ -668,17 +668,21 @@ static void test_mx_tokens_match_gemv(void) {
                 /* Past the per-token GEMVs (and below the integer GEMM's 7 tokens), only the one-pass kernels promise equality. */
                 const q3_isa_kernels *kt = q3_kernels_table();
                 const int i8 = acts[ai] == Q3_MXINT8;
-                int tmax;
-                if (i8) /* (MXFP4 weights: the integer kernels, never the A8 GEMM) */
-                    tmax = kt->gemv_i8_tokens ? kt->tokens_t : kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6;
-                else if (kt->gemv_a8) /* the A8 tokens GEMV, then the A8 GEMM */
+                int tmax; /* (MXINT8 inputs, MXFP4 weights: the integer kernels, never the A8 GEMM) */
+                /* an A8 GEMV for one token only (AVX2): more tokens take the fp32 copies' tokens GEMV,
+                 * which must equal that of one token on the same copy (the weight-only path) */
+                const int a8_one = !i8 && kt->gemv_a8 && !kt->gemv_a8_tokens && !kt->gemm_a8 && kt->gemv_mx_tokens;
+                q3_mat W1 = W;
+                W1.a8 = !a8_one;
+                if (i8) tmax = kt->gemv_i8_tokens ? kt->tokens_t : kt->i8_gemv_t < 6 ? kt->i8_gemv_t : 6;
+                else if (kt->gemv_a8 && !a8_one) /* the A8 tokens GEMV, then the A8 GEMM */
                     tmax = kt->gemv_a8_tokens ? kt->a8_tokens_t : kt->gemm_a8 ? 1 : kt->mx_gemv_t;
                 else tmax = kt->gemv_mx_tokens ? kt->tokens_t : kt->mx_gemv_t;
                 for (int T = 2; T <= TMAX && T <= tmax; T++) {
                     q3_matmul(ot, x, T, &W);
                     int bad = 0;
                     for (int t = 0; t < T; t++) {
-                        q3_matmul(o1, x + (size_t)t * K, 1, &W);
+                        q3_matmul(o1, x + (size_t)t * K, 1, &W1);
                         bad += memcmp(o1, ot + (size_t)t * M, M * sizeof(float)) != 0;
                     }
                     if (bad)
@@ -752,6 +756,73 @@ static void test_i8_prep(void) {
     int bad = 0;
     for (int b = 0; b < K / 32; b++) bad += fs[b] != ldexpf(1.0f, sc[b] - 127 - 6);
     CHECK_EQ_INT(bad, 0);
+}
+
+/* MXFP8 inputs against MXFP4 weights where a table sums the products in
+ * integers (gemv_a8_avx2.c: |v| = 1024 hi + 4 lo + r per element, in E4M3
+ * steps of 2^-9): every plane must reach the sums. Rows whose only nonzero
+ * products come from inputs below 2^-6 (only r), or from one plane's bits
+ * (only lo, only hi); a group of 8 blocks with r beside one without; a
+ * tail of 2 steps (K = 384); scale codes 0 and 255 (the row taken a step at
+ * a time). Every table, against the double-precision reference. */
+static void test_a8_planes(void) {
+    static const int Ks[] = {512, 384};
+    enum { M = 24 };
+    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+        const int K = Ks[ki], nb = K / 32;
+        const size_t eb = (size_t)K / 2;
+        uint8_t *el = malloc(M * eb), *sc = malloc((size_t)M * nb);
+        float *wf = malloc((size_t)M * K * sizeof *wf), *x = malloc((size_t)K * sizeof *x), out[M];
+        for (int r = 0; r < M; r++) {
+            for (size_t i = 0; i < eb; i++) el[r * eb + i] = (uint8_t)(rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 0;
+            for (int b = 0; b < nb; b++) {
+                sc[r * nb + b] = (uint8_t)(120 + (r + 3 * b) % 15);
+                el[r * eb + (size_t)b * 16] &= 0xF0; /* element 0 of each block: weight 0 */
+            }
+            if (r == 5) sc[r * nb + 3] = 0;
+            if (r == 6) sc[r * nb + nb - 1] = 255;
+            q3_mx_dequantize_row(Q3_MXFP4, sc + (size_t)r * nb, el + r * eb, (size_t)K, wf + (size_t)r * K);
+        }
+        /* Block b: element 0 is 448 * 2^s (the block's scale), the others
+         * E4M3 values times 2^s of one kind: b % 4 == 0 subnormals of 1-3
+         * steps (r only), 1 values in [2^-4, 2) (lo only), 2 in [2^4, 2^8)
+         * (hi only), 3 any E4M3 value; one group only of kinds 1 and 2 (no
+         * r): with K = 512 the second, with K = 384 the first, so that only
+         * the tail has r. */
+        for (int b = 0; b < nb; b++) {
+            const int no_r = K == 512 ? b >= 8 && b < 16 : b < 8, s = b % 5 - 2, kind = no_r ? 1 + b % 2 : b % 4;
+            x[b * 32] = ldexpf(448.0f, s);
+            for (int i = 1; i < 32; i++) {
+                const int sign = (i * 7 + b) % 3 == 0 ? -1 : 1, m = (i * 5 + b) % 8;
+                const float e4 = kind == 0   ? ldexpf((float)(1 + i % 3), -9)
+                                 : kind == 1 ? ldexpf(1.0f + m / 8.0f, -4 + (i + b) % 5)
+                                 : kind == 2 ? ldexpf(1.0f + m / 8.0f, 4 + (i + b) % 4)
+                                 : i % 4     ? ldexpf(1.0f + m / 8.0f, -6 + (i * 3 + b) % 14)
+                                             : ldexpf((float)m, -9);
+                x[b * 32 + i] = (float)sign * ldexpf(e4, s);
+            }
+        }
+        float xq[512];
+        CHECK(q3_mx_fake_quant_row(Q3_MXFP8, x, (size_t)K, xq) == 0);
+        CHECK(!memcmp(xq, x, (size_t)K * sizeof *x)); /* the inputs are MXFP8 already */
+        q3_mat W = {.data = el, .dtype = Q3_MXFP4, .rows = M, .cols = K, .scales = sc, .a8 = 1};
+        for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
+            q3_kernels_force((q3_isa)isa);
+            if ((int)q3_kernels_isa() != isa) continue;
+            q3_matmul(out, x, 1, &W);
+            CHECK(isnan(out[6]));
+            out[6] = 0;
+            float wf6[512];
+            memcpy(wf6, wf + 6 * K, sizeof wf6);
+            memset(wf + 6 * K, 0, (size_t)K * sizeof *wf);
+            const double err = worst_rel_err(out, x, wf, 1, M, K);
+            memcpy(wf + 6 * K, wf6, (size_t)K * sizeof *wf);
+            if (err >= 1e-6) fprintf(stderr, "test_a8_planes: K %d, %s: relative error %g\n", K, q3_isa_name((q3_isa)isa), err);
+            CHECK(err < 1e-6);
+        }
+        q3_kernels_force(Q3_ISA_COUNT - 1);
+        free(el), free(sc), free(wf), free(x);
+    }
 }
 
 static void test_mx_matmul(void) {
@@ -1222,6 +1293,7 @@ int main(void) {
     test_strided();
     test_i8_prep();
     test_mx_matmul();
+    test_a8_planes();
     test_amx_bf16_exact();
     test_amx_wo_exact();
     test_amx_chunked_panels();
