@@ -12,6 +12,8 @@ Pairs (--pairs):
   bf16p   llama.cpp F16          vs  q3moe BF16P (the same BF16 values packed losslessly in 12.5 bits)
   w4a8    llama.cpp MXFP4_MOE    vs  q3moe W4A8 with an MXFP8 lm_head (about the same bytes)
   w4a8i   llama.cpp MXFP4_MOE    vs  q3moe w4a8i with an MXINT8 lm_head (integer kernels)
+With --avx2 both engines keep to AVX2 + FMA (llama.cpp built for them, q3moe's AVX2 kernels): what an
+AVX2-only CPU runs, measured on a CPU with more.
 Everything it fetches, builds and writes goes under --work (default build/llama.cpp).
 """
 import argparse
@@ -144,11 +146,19 @@ def fix_ggml_amx(src):
         f.write(text.replace(AMX_TILECFG, AMX_BARRIER + AMX_TILECFG))
 
 
-def build_llama(work, src, amx, jobs):
+# --avx2: the instruction sets of an AVX2-only x86 CPU (the issues' Zen 3), for llama.cpp's build
+AVX2_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+              "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"]
+
+
+def build_llama(work, src, amx, jobs, avx2=False):
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_OPENMP=ON", "-DLLAMA_CURL=OFF",
              "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF"]
     name, note = "build", "-march=native"
-    if "amx_tile" in cpu_flags():
+    if avx2:
+        flags = [f for f in flags if f != "-DGGML_NATIVE=ON"] + AVX2_FLAGS
+        name, note = "build-avx2", "AVX2 + FMA + F16C only"
+    elif "amx_tile" in cpu_flags():
         if amx:
             fix_ggml_amx(src)
             name, note = "build-amxfix", "-march=native, ggml's AMX kernels with the tile-configuration fix"
@@ -316,6 +326,8 @@ def main():
     ap.add_argument("--steady", type=float, default=1.15, help="a round is steady when the host's read rates "
                     "measured before and after each engine's run are within this factor of each other (default "
                     "1.15); the table gives the speed-up over steady rounds too (0: no read probes)")
+    ap.add_argument("--avx2", action="store_true", help="both engines with AVX2 + FMA only, as on an AVX2-only CPU: "
+                    "llama.cpp built without -march=native, q3moe with Q3MOE_ISA=avx2")
     ap.add_argument("--json", help="also write the results as JSON (an existing file is refused unless --force)")
     ap.add_argument("--force", action="store_true", help="overwrite the --json file")
     a = ap.parse_args()
@@ -358,12 +370,16 @@ def main():
     q3moe = os.path.join(ROOT, "build", "q3moe")
     if not os.access(q3moe, os.X_OK):
         fail(f"{q3moe} not found: run make first")
+    if a.avx2:
+        if not {"avx2", "fma", "f16c"} <= cpu_flags():
+            fail("--avx2: this CPU lacks AVX2, FMA or F16C")
+        os.environ["Q3MOE_ISA"] = "avx2"  # every q3moe run below, the read probes too
 
     work = os.path.abspath(a.work)
     os.makedirs(os.path.join(work, "models"), exist_ok=True)
     jobs = os.cpu_count() or 1
     src = fetch_llama_source(work)
-    bins, flags, build_note = build_llama(work, src, a.llama_amx, jobs)
+    bins, flags, build_note = build_llama(work, src, a.llama_amx, jobs, a.avx2)
     key = os.path.join(work, "models", checkpoint_key(model))
     size = checkpoint_bytes(model)
     gguf_py = os.path.join(src, "gguf-py")
@@ -411,7 +427,8 @@ def main():
     labels = {"bf16": ("F16", "BF16")}
     labels.update({p: ("MXFP4_MOE", label) for p, (_, label) in Q3M_PAIRS.items()})
     labels.update({p: ("F16", label) for p, (_, label) in F16_PAIRS.items()})
-    print(f"q3moe vs llama.cpp {llama_release(work)} ({build_note}) on {cpu_name()}, {a.threads} threads, {a.model}")
+    print(f"q3moe vs llama.cpp {llama_release(work)} ({build_note}) on {cpu_name()}, {a.threads} threads, {a.model}"
+          + (", q3moe with Q3MOE_ISA=avx2" if a.avx2 else ""))
     if q3moe_opts or llama_opts:
         print(f"q3moe bench {' '.join(q3moe_opts) or '(defaults)'}; llama-bench {' '.join(llama_opts) or '(defaults)'}")
     print(f"medians of {a.rounds} alternating rounds; the ratio range is over the rounds; decode is the mean "
@@ -461,7 +478,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"llama_cpp_release": llama_release(work), "llama_cpp_cmake_flags": flags,
-                       "llama_cpp_build": build_note, "cpu": cpu_name(), "threads": a.threads,
+                       "llama_cpp_build": build_note, "q3moe_isa": os.environ.get("Q3MOE_ISA"), "cpu": cpu_name(),
+                       "threads": a.threads,
                        "q3moe_opts": q3moe_opts, "llama_opts": llama_opts, "model": model, "depth": a.depth,
                        "decode_steps": a.n_dec, "rounds": a.rounds, "pairs": summary}, f, indent=1)
 

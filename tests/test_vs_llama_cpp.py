@@ -3,7 +3,8 @@
 The comparison itself needs llama.cpp built here (minutes, and the npm registry), so the suite does not
 run it; every run checks itself instead: llama.cpp's greedy tokens on the F16 GGUF must be q3moe's on the
 checkpoint before anything is timed. What the suite checks is that each bad argument is named on stderr
-with exit status 1, that --work stays untouched, and that an existing --json file is not overwritten.
+with exit status 1, that --work stays untouched, that an existing --json file is not overwritten, and
+what --avx2 builds llama.cpp with.
 """
 import os
 import subprocess
@@ -82,13 +83,46 @@ def test_json_not_overwritten(configs, tmp_path):
     assert js.read_text() == "mine"
 
 
-def test_read_probe(tmp_path):
-    """The host read probe the rounds take around each engine's run reads a real rate from q3moe bench, and
-    a round is steady only when all four of its reads agree within the factor."""
+def load_script():
     import importlib.util
     spec = importlib.util.spec_from_file_location("vs_llama_cpp", SCRIPT)
     vs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vs)
+    return vs
+
+
+def test_avx2_build(tmp_path):
+    """--avx2 builds llama.cpp apart, for AVX2 + FMA without -march=native or AVX-512; the default build
+    stays native."""
+    vs = load_script()
+    for name in ("build", "build-avx2"):
+        (tmp_path / name / "bin").mkdir(parents=True)
+        for t in vs.TARGETS:
+            (tmp_path / name / "bin" / t).write_text("")  # built already: nothing runs
+    bins, flags, note = vs.build_llama(str(tmp_path), "unused", False, 1, avx2=True)
+    assert bins == str(tmp_path / "build-avx2" / "bin") and "AVX2" in note
+    assert "-DGGML_NATIVE=OFF" in flags and "-DGGML_NATIVE=ON" not in flags
+    assert {"-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_AVX512=OFF"} <= set(flags)
+    bins, flags, _ = vs.build_llama(str(tmp_path), "unused", False, 1)
+    assert bins == str(tmp_path / "build" / "bin") and "-DGGML_NATIVE=ON" in flags
+    assert not any("AVX" in f for f in flags)
+
+
+def test_avx2_refused_without_avx2(configs, tmp_path, monkeypatch, capsys):
+    vs = load_script()
+    monkeypatch.setattr(vs, "cpu_flags", lambda: {"sse2", "avx"})
+    work = tmp_path / "work"
+    monkeypatch.setattr("sys.argv", [SCRIPT, "-m", str(configs["moe"]), "--avx2", "--work", str(work)])
+    with pytest.raises(SystemExit) as e:
+        vs.main()
+    assert e.value.code == 1 and "--avx2: this CPU lacks AVX2, FMA or F16C" in capsys.readouterr().err
+    assert not work.exists() and os.environ.get("Q3MOE_ISA") != "avx2"
+
+
+def test_read_probe(tmp_path):
+    """The host read probe the rounds take around each engine's run reads a real rate from q3moe bench, and
+    a round is steady only when all four of its reads agree within the factor."""
+    vs = load_script()
     gbs = vs.read_gbs(Q3MOE, 1, 16)
     assert 0.1 < gbs < 10000
     rnd = lambda lr, qr: {"llama.cpp": {"reads": lr}, "q3moe": {"reads": qr}}  # noqa: E731
