@@ -19,8 +19,8 @@
  * 65536 x 2048 from DRAM 34.3-41.7 -> 61.2-62.9; q30b8 W4A8 decode with
  * Q3MOE_ISA=avx2 22.3-23.7 -> 20.7-20.9 ms.
  *
- * r is nonzero only for elements below 2^-5 in E4M3 units, more than 2^13
- * times smaller than the block's largest: a group of 8 blocks without one
+ * r is nonzero only for elements below 2^-4 in E4M3 units, at least 2^12
+ * times smaller than the block's largest (256 to 448): a group of 8 blocks without one
  * skips that plane, and a copy without any uses a loop without it. (In
  * q30b8's decode, 5 % of the gate/up inputs' groups hold some r, 48 % of
  * the down projections': SwiGLU outputs have many near zero.)
