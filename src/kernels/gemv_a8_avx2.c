@@ -20,10 +20,11 @@
  * Q3MOE_ISA=avx2 22.3-23.7 -> 20.7-20.9 ms.
  *
  * r is nonzero only for elements below 2^-4 in E4M3 units, at least 2^12
- * times smaller than the block's largest (256 to 448): a group of 8 blocks without one
- * skips that plane, and a copy without any uses a loop without it. (In
- * q30b8's decode, 5 % of the gate/up inputs' groups hold some r, 48 % of
- * the down projections': SwiGLU outputs have many near zero.)
+ * times smaller than the block's largest (256 to 448): a group of 8
+ * blocks without one skips that plane, and a copy without any uses a loop
+ * without it. (In q30b8's decode, 5 % of the gate/up inputs' groups hold
+ * some r, 48 % of the down projections': SwiGLU outputs have many near
+ * zero.)
  *
  * Inputs that are not MXFP8 (the model quantizes every A8 linear's input;
  * the table's contract, isa.h) are rounded to the nearest such integer: 18
@@ -172,8 +173,12 @@ INLINE int row_grouped(float *out, const uint8_t *el, const uint8_t *sc, int nb,
         __m256i lo[4], hi[4];
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) fp4_decode(fp4_signed(e + 32 * i, c->sx + k / 2 + 32 * i), lut, &lo[i], &hi[i]);
-#define PAIR(P, I, F) fp4_pair_sums(fp4_products(lo[I], hi[I], c->P + k + 64 * (I)), fp4_products(lo[I + 1], hi[I + 1], c->P + k + 64 * (I + 1)), F)
-        __m256i s01 = _mm256_add_epi32(PAIR(hi, 0, 1024), PAIR(lo, 0, 4)), s23 = _mm256_add_epi32(PAIR(hi, 2, 1024), PAIR(lo, 2, 4));
+/* steps I and I + 1 of plane P, times F */
+#define PAIR(P, I, F)                                                                        \
+    fp4_pair_sums(fp4_products(lo[I], hi[I], c->P + k + 64 * (I)),                          \
+                  fp4_products(lo[I + 1], hi[I + 1], c->P + k + 64 * (I + 1)), F)
+        __m256i s01 = _mm256_add_epi32(PAIR(hi, 0, 1024), PAIR(lo, 0, 4));
+        __m256i s23 = _mm256_add_epi32(PAIR(hi, 2, 1024), PAIR(lo, 2, 4));
         if (R && c->group_r[b / 8]) s01 = _mm256_add_epi32(s01, PAIR(r, 0, 1)), s23 = _mm256_add_epi32(s23, PAIR(r, 2, 1));
 #undef PAIR
         const __m256 f = fp4_group_factors(sc + b, c->fg + b, &lo_code, &hi_code);
