@@ -522,12 +522,11 @@ static int prefetch_bench(int M, int K, int pairs) {
     for (size_t i = 0; i < (size_t)M * K; i++) w[i] = q3_f32_to_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
     for (int k = 0; k < K; k++) x[k] = (float)(k % 17) / 17.0f;
     const q3_mat W = {.data = w, .dtype = Q3_BF16, .rows = M, .cols = K};
-    for (int t = !__builtin_cpu_supports("avx512f"); t < 2; t++) {
-        const q3_isa_kernels *sw = t ? &q3_kernels_avx2 : &q3_kernels_avx512;
-        q3_isa_kernels hw = *sw;
-        (t ? q3_avx2_hw_prefetch_kernels : q3_avx512_hw_prefetch_kernels)(&hw);
-        const q3_isa_kernels *tables[2] = {sw, &hw};
-        printf("%s BF16 GEMV %dx%d (%.0f MiB), %d threads, GB/s (ratio to a plain read just before)\n", t ? "avx2" : "avx512",
+    q3_isa_kernels sw, hw;
+    for (int t = 1; t >= 0; t--) { /* AVX-512 first, where the CPU has it */
+        if (!q3_gemv_prefetch_variants(t, &sw, &hw)) continue;
+        const q3_isa_kernels *tables[2] = {&sw, &hw};
+        printf("%s BF16 GEMV %dx%d (%.0f MiB), %d threads, GB/s (ratio to a plain read just before)\n", t ? "avx512" : "avx2",
                M, K, n / 1048576.0, omp_get_max_threads());
         for (int p = 0; p < pairs; p++) {
             printf("pair %2d:", p + 1);
@@ -575,19 +574,15 @@ static int bf16p_bench(int M, int K, int rounds) {
            n * 2 / 1048576.0, M * rb / 1048576.0, 100.0 * raw / (n / 64), omp_get_max_threads());
     /* each table's GEMVs as shipped (software prefetch) and without it (two
      * rows at a time, what Zen 4 runs), beside a plain read of the packed bytes */
-    __builtin_cpu_init();
-    for (int t = 0; t < 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); t++) {
-        if (t && !__builtin_cpu_supports("avx512bw")) break;
-        const q3_isa_kernels *sw = t ? &q3_kernels_avx512 : &q3_kernels_avx2;
-        q3_isa_kernels hw = *sw;
-        (t ? q3_avx512_hw_prefetch_kernels : q3_avx2_hw_prefetch_kernels)(&hw);
+    q3_isa_kernels sw, hw;
+    for (int t = 0; t < 2 && q3_gemv_prefetch_variants(t, &sw, &hw); t++) {
         printf("%s, GB/s of BF16 bytes (BF16P's packed bytes at 0.78 of these; read: GB/s of a plain read of them):\n",
                t ? "avx512" : "avx2");
         for (int r = 0; r < rounds; r++) {
             double tb[2] = {1e30, 1e30}, tp[2] = {1e30, 1e30}, rd = 1e30;
             for (int i = 0; i < 3; i++)
                 for (int v = 0; v < 2; v++) {
-                    const q3_isa_kernels *k = v ? &hw : sw;
+                    const q3_isa_kernels *k = v ? &hw : &sw;
                     const double a = gemv_time(k, out, x, &Wb), b = gemv_time(k, out, x, &Wp), c = read_time(p, (size_t)M * rb, 1);
                     tb[v] = a < tb[v] ? a : tb[v], tp[v] = b < tp[v] ? b : tp[v], rd = c < rd ? c : rd;
                 }

@@ -246,6 +246,13 @@ __attribute__((target("avx2,fma"))) void q3_bf16p_unpack_rows_avx2(uint16_t *dst
 
 /* ---- rows widened to fp32 (the broadcast GEMMs of AVX2 and AVX-512) ---- */
 
+/* A raw group (stored in the side table) as 64 floats. */
+static void raw_group_f32(const uint8_t *g, const q3_mat *W, float *dst) {
+    uint16_t w[64];
+    q3_bf16p_unpack_group(g, W->scales, W->side_groups, w);
+    for (int i = 0; i < 64; i++) dst[i] = q3_bf16_to_f32(w[i]);
+}
+
 __attribute__((target("avx2,fma"))) static void row_f32_avx2(const q3_mat *W, int r, int k0, int n, float *dst) {
     const __m256i tab = _mm256_setr_epi8(NIB_TABLE, NIB_TABLE), hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
     const uint8_t *g = (const uint8_t *)q3_mat_rows(W, r, 1).data + (size_t)k0 / 64 * Q3_BF16P_GROUP_BYTES;
@@ -253,9 +260,7 @@ __attribute__((target("avx2,fma"))) static void row_f32_avx2(const q3_mat *W, in
         q3_pf_lines(g, Q3_PF_WEIGHTS, 128);
         __m256i u[4];
         if (__builtin_expect(is_raw(g), 0)) {
-            uint16_t w[64];
-            q3_bf16p_unpack_group(g, W->scales, W->side_groups, w);
-            for (int i = 0; i < 64; i++) dst[i] = q3_bf16_to_f32(w[i]);
+            raw_group_f32(g, W, dst);
             continue;
         }
         group_words_avx2(g, tab, u);
@@ -276,9 +281,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma"))) static void row_f32_avx512(
         q3_pf_lines(g, Q3_PF_WEIGHTS, 128);
         __m512i u0, u1;
         if (__builtin_expect(is_raw(g), 0)) {
-            uint16_t w[64];
-            q3_bf16p_unpack_group(g, W->scales, W->side_groups, w);
-            for (int i = 0; i < 64; i++) dst[i] = q3_bf16_to_f32(w[i]);
+            raw_group_f32(g, W, dst);
             continue;
         }
         group_words_avx512(g, tab, lo4, shifts, &u0, &u1);

@@ -213,6 +213,11 @@ extern const q3_isa_kernels q3_kernels_avx512;
  * table k: the AVX-512 one (isa_avx512.c), the AVX2 one (isa_avx2.c). */
 void q3_avx512_hw_prefetch_kernels(q3_isa_kernels *k);
 void q3_avx2_hw_prefetch_kernels(q3_isa_kernels *k);
+/* For tests and benchmarks that compare the two: the AVX2 (t = 0) or
+ * AVX-512 (t = 1) table as built, whose GEMV prefetches in software, into
+ * *sw, and the same with the hardware-prefetch GEMV into *hw. Returns 0
+ * (writing nothing) where this CPU lacks the table's ISA. */
+int q3_gemv_prefetch_variants(int t, q3_isa_kernels *sw, q3_isa_kernels *hw);
 /* gemm_bc_avx512.c */
 void q3_avx512_bc_pack_act(float *ap, const float *x, size_t ldx, int T, int K, q3_dtype wt);
 void q3_avx512_gemm_bc(float *out, size_t ldo, const float *ap, int T, const q3_mat *W, int r0, int r1, float *wbuf);

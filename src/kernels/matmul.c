@@ -59,6 +59,15 @@ static void set_isa(q3_isa isa) {
                                    : &q3_kernels_scalar;
 }
 
+int q3_gemv_prefetch_variants(int t, q3_isa_kernels *sw, q3_isa_kernels *hw) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || (t && !__builtin_cpu_supports("avx512f")))
+        return 0;
+    *sw = *hw = t ? q3_kernels_avx512 : q3_kernels_avx2;
+    (t ? q3_avx512_hw_prefetch_kernels : q3_avx2_hw_prefetch_kernels)(hw);
+    return 1;
+}
+
 static int cpu_vendor_is(unsigned ebx) {
     unsigned a, b, c, d;
     return __get_cpuid(0, &a, &b, &c, &d) && b == ebx;

@@ -145,18 +145,14 @@ static void test_gemv(void) {
     q3_kernels_force(Q3_ISA_COUNT - 1);
     /* the AVX2 and AVX-512 tables' GEMVs with software prefetch (one row at
      * a time) and without (rows paired; 37 rows leave one over) */
-    __builtin_cpu_init();
-    for (int t = 0; t < 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); t++) {
-        if (t && !__builtin_cpu_supports("avx512f")) break;
-        const q3_isa_kernels *sw = t ? &q3_kernels_avx512 : &q3_kernels_avx2;
-        q3_isa_kernels hw = *sw;
-        (t ? q3_avx512_hw_prefetch_kernels : q3_avx2_hw_prefetch_kernels)(&hw);
-        const q3_isa_kernels *k2[2] = {sw, &hw};
+    q3_isa_kernels sw, hw;
+    for (int t = 0; t < 2 && q3_gemv_prefetch_variants(t, &sw, &hw); t++) {
+        const q3_isa_kernels *k2[2] = {&sw, &hw};
         for (int v = 0; v < 2; v++)
             for (int r0 = 0; r0 < 4; r0 += 3) {
                 for (int r = 0; r < ROWS; r++) a[r] = b[r] = NAN;
                 k2[v]->gemv(a, x, &wp, r0, ROWS);
-                sw->gemv(b, x, &wb, r0, ROWS);
+                sw.gemv(b, x, &wb, r0, ROWS);
                 CHECK(memcmp(a, b, (size_t)(ROWS - r0) * sizeof *a) == 0);
             }
     }
