@@ -284,6 +284,11 @@ CONFIG_CASES = {
     "rope_scaling": (lambda c: c.update(rope_scaling={"type": "yarn", "factor": 4.0,
                                                       "original_max_position_embeddings": 32768}),
                      ["rope_scaling"]),
+    # an end token outside the vocabulary would never end a turn
+    "eos_out_of_vocab": (lambda c: c.update(eos_token_id=c["vocab_size"]), ["eos_token_id"]),
+    "eos_string": (lambda c: c.update(eos_token_id="2"), ["eos_token_id"]),
+    "eos_list_bad_entry": (lambda c: c.update(eos_token_id=[1, "x"]), ["eos_token_id"]),
+    "eos_empty_list": (lambda c: c.update(eos_token_id=[]), ["eos_token_id"]),
 }
 
 
@@ -456,3 +461,65 @@ def test_empty_tokenizer_json(tiny, work):
 ])
 def test_bad_cli_args(tiny, args, names):
     expect_error(["generate", "-m", tiny, "-p", "hi", *args], must=names, exit_code=2)
+
+
+@pytest.mark.parametrize("args,names", [
+    (["-p", "hi", "--no-think"], ["--no-think", "--chat"]),
+    (["-p", "hi", "--system", "be brief"], ["--system", "--chat"]),
+    (["--ids", "1,2", "--print-ids", "--stop", "x"], ["--stop", "--print-ids"]),
+    (["-p", "hi", "--stop", ""], ["--stop", "empty"]),
+    (["--ids", "1,2,"], ["--ids"]),
+])
+def test_options_that_would_be_ignored(tiny, args, names):
+    expect_error(["generate", "-m", tiny, *args], must=names, exit_code=2)
+
+
+def test_ids_without_tokenizer_print_ids(tiny):
+    # no tokenizer.json: the generated ids are the only output there is
+    rc, err, out = run_q3(["generate", "-m", tiny, "--ids", " 1, 2 ", "-n", "3", "--temp", "0"])
+    assert rc == 0, err
+    ids = json.loads(out)
+    assert len(ids) == 3 and all(isinstance(i, int) for i in ids), out
+    assert "no tokenizer.json" in err, err
+    expect_error(["generate", "-m", tiny, "--ids", "1", "-n", "2", "--stop", "x"], must=["--stop", "tokenizer.json"])
+
+
+def test_prompt_file_keeps_nul_bytes(tiny_tok, work):
+    # the tokenizer gets the whole file, as `tokenize -f` does; the chat template cannot take NUL
+    f = work / "nul.txt"
+    f.write_bytes(b"hello\0world")
+    rc, err, _ = run_q3(["generate", "-m", tiny_tok, "-f", f, "-n", "1", "--temp", "0"])
+    _, _, toks = run_q3(["tokenize", "-m", tiny_tok, "-f", f])
+    assert rc == 0, err
+    assert f"prompt tokens: {len(json.loads(toks))}," in err and len(json.loads(toks)) > 1, (err, toks)
+    expect_error(["generate", "-m", tiny_tok, "-f", f, "--chat", "-n", "1"], must=["nul.txt", "byte 5", "NUL"])
+
+
+def test_prompt_file_is_a_directory(tiny, work):
+    expect_error(["generate", "-m", tiny, "-f", work, "-n", "1"], must=[str(work), "Is a directory"])
+
+
+@pytest.mark.parametrize("cmd", ["bench", "perplexity", "logits", "plan", "convert"])
+def test_output_path_checked_before_the_work(tiny, work, cmd):
+    # a missing directory or a directory as the output fails at once, before any loading
+    text = work / "t.txt"
+    text.write_text("one two three four five six seven eight")
+    base = {"bench": ["bench", "-m", tiny, "-p", "8", "-n", "2", "-r", "1", "--no-ttft", "--no-membw", "--json"],
+            "perplexity": ["perplexity", "-m", tiny, "--ids", "1,2,3,4", "--json"],
+            "logits": ["logits", "-m", tiny, "--ids", "1,2", "-o"],
+            "plan": ["plan", "-m", tiny, "--ranks", "1", "--json"],
+            "convert": ["convert", "-m", tiny, "-o"]}[cmd]
+    missing = work / "no-such-dir" / "out.json"
+    err = expect_error(base + [missing], must=[str(missing), "No such file or directory"])
+    assert "[bench] loading" not in err and "prefill" not in err, err
+    expect_error(base + [work, "--force"], must=[str(work), "is a directory"])
+    assert not (work / "no-such-dir").exists()
+
+
+def test_convert_refuses_to_overwrite_its_input(tiny, work):
+    d = work / "ck"
+    shutil.copytree(tiny, d)
+    before = (d / "model.safetensors").read_bytes()
+    for name in ["model.safetensors", "config.json"]:
+        expect_error(["convert", "-m", d, "-o", d / name, "--force"], must=[name, "checkpoint"])
+    assert (d / "model.safetensors").read_bytes() == before

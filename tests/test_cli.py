@@ -465,6 +465,18 @@ def test_chat_system_and_no_think(model):
     assert [s["prompt"] for s in st] == [len(e) for e in expect], shown(p)
 
 
+def test_chat_message_past_the_context_starts_over(model):
+    """A message that no longer fits after the conversation so far is answered
+    from a cleared conversation (as after an answer that fills the context),
+    not dropped; one that cannot fit even alone is an error naming --ctx."""
+    first = len(tokenize(model, chat_turn("hello")))
+    p, st = chat(model, ["hello", "again"], "--ctx", str(first + 10))
+    assert [s["prompt"] for s in st] == [first, len(tokenize(model, chat_turn("again")))], shown(p)
+    assert "context full: conversation cleared" in p.stderr.decode(), shown(p)
+    p = run(["chat", "-m", model, *T1, "-n", "2", "--temp", "0", "--ctx", str(first - 1)], stdin=b"hello\nhello\n")
+    assert p.returncode == 1 and b"--ctx" in p.stderr and not stats_lines(p), shown(p)
+
+
 @pytest.mark.parametrize("default, msg, think", [
     ([], "plain", True),
     (["--no-think"], "plain", False),

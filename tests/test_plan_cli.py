@@ -101,6 +101,19 @@ def plan_json(args, work):
 
 # ------------------------------------------------------------------ good
 
+def test_plan_reads_a_q3m(work):
+    """A .q3m gives its config and, unless --quant says otherwise, its scheme."""
+    ck = work / "ck"
+    subprocess.run([Q3MOE, "synth", "-o", ck, "--preset", "tiny", "--layers", "2", "--vocab", "512", "--tokenizer",
+                    "none"], check=True, capture_output=True, timeout=TIMEOUT_S)
+    q = work / "m.q3m"
+    subprocess.run([Q3MOE, "convert", "-m", ck, "-o", q, "--quant", "w4a8", "-q"], check=True, capture_output=True,
+                   timeout=TIMEOUT_S)
+    from_file = plan_json(["plan", "-m", q, "--ranks", "2"], work)
+    from_dir = plan_json(["plan", "-m", ck, "--ranks", "2", "--quant", "w4a8"], work)
+    assert from_file["quant"] == "w4a8" and from_file == from_dir
+    assert plan_json(["plan", "-m", q, "--ranks", "2", "--quant", "bf16"], work)["quant"] == "bf16"
+
 def test_plan_prints_the_assignment(tiny):
     p = ok(["plan", "-m", tiny, "--ranks", "8"])
     out = p.stdout

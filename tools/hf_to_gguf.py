@@ -171,9 +171,13 @@ def main():
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model["merges"]])
-    bos = cfg.get("bos_token_id", 151643)
+    # Qwen3's ids (those of the token list above) where config.json has none
+    bos = cfg.get("bos_token_id")
+    bos = 151643 if bos is None else bos
+    eos = cfg.get("eos_token_id")
+    eos = 151645 if eos is None else eos[0] if isinstance(eos, list) else eos
     w.add_bos_token_id(bos)
-    w.add_eos_token_id(cfg.get("eos_token_id", 151645))
+    w.add_eos_token_id(eos)
     w.add_pad_token_id(bos)
     w.add_add_bos_token(False)
 

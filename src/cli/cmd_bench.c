@@ -337,8 +337,12 @@ int cmd_bench(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (json_path && !force && access(json_path, F_OK) == 0)
-        return fail("--json: %s already exists (use --force to overwrite)", json_path);
+    /* Only rank 0 writes the file, so only rank 0 checks it (before any work). */
+    if (po.rank == 0 && json_path && q3_check_output(json_path, force)) {
+        q3_err_prefix("--json");
+        par_fail(&po, "bench");
+        return 1;
+    }
     if (threads > 0) omp_set_num_threads((int)threads);
     /* The plan (--config / flags, or the world size under mpirun), checked
      * before any weight is read; -m may come from the YAML's model_path. */

@@ -41,6 +41,26 @@ static char *read_line(FILE *in) {
     return buf;
 }
 
+/* The tokens of one user turn: the previous assistant turn's last token
+ * when it was sampled but not fed (unfed >= 0) and its end, then the turn
+ * (with the system message when it is the first). */
+static int turn_ids(q3_session *s, int turns, const char *system, const char *line, int no_think, int32_t unfed,
+                    int32_t **ids, size_t *n) {
+    char *turn = chat_format_turn(turns == 0 ? system : NULL, line, chat_wants_think(line, !no_think));
+    char *text = q3_malloc(strlen(turn) + 16);
+    sprintf(text, "%s%s", turns ? "<|im_end|>\n" : "", turn);
+    int r = session_encode(s, text, ids, n);
+    if (r == 0 && turns && unfed >= 0) {
+        *ids = q3_realloc(*ids, (*n + 1) * sizeof **ids);
+        memmove(*ids + 1, *ids, *n * sizeof **ids);
+        (*ids)[0] = unfed;
+        (*n)++;
+    }
+    free(text);
+    free(turn);
+    return r;
+}
+
 int cmd_chat(int argc, char **argv) {
     common_opts co;
     common_opts_init(&co);
@@ -106,20 +126,21 @@ int cmd_chat(int argc, char **argv) {
             free(line);
             continue;
         }
-        char *turn = chat_format_turn(turns == 0 ? system : NULL, line, chat_wants_think(line, !no_think));
-        /* Close the previous assistant turn: its end token was sampled but not yet fed. */
-        char *text = q3_malloc(strlen(turn) + 16);
-        sprintf(text, "%s%s", turns ? "<|im_end|>\n" : "", turn);
         int32_t *ids = NULL;
         size_t n = 0;
         gen_stats st;
         gen_options o = {.max_new = (int)n_new, .out = stdout};
-        int r = session_encode(&s, text, &ids, &n);
-        if (r == 0 && turns && unfed >= 0) {
-            ids = q3_realloc(ids, (n + 1) * sizeof *ids);
-            memmove(ids + 1, ids, n * sizeof *ids);
-            ids[0] = unfed;
-            n++;
+        int r = turn_ids(&s, turns, system, line, no_think, unfed, &ids, &n);
+        if (r == 0 && turns && s.state.pos + (long)n > s.state.ctx) {
+            /* No room for this message after the conversation so far: start
+             * over with it, as when an answer fills the context. */
+            fprintf(stderr, "[q3moe] context full: conversation cleared\n");
+            q3_state_reset(&s.state);
+            turns = 0;
+            unfed = -1;
+            free(ids);
+            ids = NULL;
+            r = turn_ids(&s, turns, system, line, no_think, unfed, &ids, &n);
         }
         if (r == 0) r = gen_run(&s, smp, ids, n, &o, &st);
         if (r) {
@@ -143,8 +164,6 @@ int cmd_chat(int argc, char **argv) {
             }
         }
         free(ids);
-        free(text);
-        free(turn);
         free(line);
     }
     q3_sampler_free(smp);

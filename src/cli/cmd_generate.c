@@ -70,8 +70,9 @@ int cmd_generate(int argc, char **argv) {
             else if (!strcmp(a, "--system")) system = v;
             else if (!strcmp(a, "-n") && arg_int(a, v, 0, 1l << 24, &n_new)) return 2;
             else if (!strcmp(a, "--stop")) {
-                if (n_stops == MAX_STOPS || !*v) {
-                    fprintf(stderr, "q3moe generate: error: --stop: at most %d non-empty stop strings\n", MAX_STOPS);
+                if (!*v || n_stops == MAX_STOPS) {
+                    if (!*v) fprintf(stderr, "q3moe generate: error: --stop: the stop string is empty\n");
+                    else fprintf(stderr, "q3moe generate: error: --stop: at most %d stop strings\n", MAX_STOPS);
                     return 2;
                 }
                 stops[n_stops++] = v;
@@ -85,8 +86,12 @@ int cmd_generate(int argc, char **argv) {
         }
         return 2;
     }
-    if (ids_s && chat) {
-        if (po.rank == 0) fprintf(stderr, "q3moe generate: error: --chat needs a text prompt (-p or -f), not --ids\n");
+    const char *misuse = ids_s && chat               ? "--chat needs a text prompt (-p or -f), not --ids"
+                         : (system || no_think) && !chat ? "--system and --no-think apply only with --chat"
+                         : n_stops && print_ids          ? "--stop matches generated text; it cannot be combined with --print-ids"
+                                                         : NULL;
+    if (misuse) {
+        if (po.rank == 0) fprintf(stderr, "q3moe generate: error: %s\n", misuse);
         return 2;
     }
     int prc = par_setup(&po, "generate", &co.model_dir, &co.quant);
@@ -98,9 +103,20 @@ int cmd_generate(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     char *file_text = NULL, *text = NULL;
+    size_t prompt_len = prompt ? strlen(prompt) : 0;
     if (ids_s && arg_id_list("--ids", ids_s, &ids, &n_ids)) return 2;
-    if (prompt_file && !(prompt = file_text = q3_read_file(prompt_file, NULL))) {
+    if (prompt_file && !(prompt = file_text = q3_read_file(prompt_file, &prompt_len))) {
         q3_print_error();
+        return 1;
+    }
+    /* A file's NUL bytes are text to the tokenizer, but the chat template is a C string. */
+    const char *nul = chat && prompt_file ? memchr(prompt, 0, prompt_len) : NULL;
+    if (nul) {
+        if (po.rank == 0)
+            fprintf(stderr, "q3moe generate: error: %s: byte %zu is NUL, which --chat cannot take\n", prompt_file,
+                    (size_t)(nul - prompt));
+        free(ids);
+        free(file_text);
         return 1;
     }
     q3_session s;
@@ -112,9 +128,16 @@ int cmd_generate(int argc, char **argv) {
     }
     int rc = 0;
     if (!ids) {
-        text = chat ? chat_format_turn(system, prompt, chat_wants_think(prompt, !no_think)) : q3_strdup(prompt);
-        rc = session_encode(&s, text, &ids, &n_ids);
+        if (chat) {
+            text = chat_format_turn(system, prompt, chat_wants_think(prompt, !no_think));
+            rc = session_encode(&s, text, &ids, &n_ids);
+        } else rc = session_encode_n(&s, prompt, prompt_len, &ids, &n_ids);
         if (rc) q3_err_prefix("prompt");
+    } else if (!s.tok && !print_ids) {
+        /* Without a tokenizer there is no text to print: the ids are the output. */
+        if (n_stops) rc = q3_err("--stop needs the checkpoint's tokenizer.json, which %s lacks", co.model_dir);
+        else if (po.rank == 0) fprintf(stderr, "[q3moe] %s has no tokenizer.json: printing the generated ids\n", co.model_dir);
+        print_ids = 1;
     }
     q3_sampler *smp = NULL;
     gen_stats st;

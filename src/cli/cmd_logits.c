@@ -1,5 +1,6 @@
 /* `q3moe logits`: the correctness hook. The first K ids go through one
  * prefill call, every later id through a single-token decode step. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,8 +78,8 @@ int cmd_logits(int argc, char **argv) {
     }
     if (prefill < 0) prefill = (long)n;
     /* Only rank 0 writes the file, so only rank 0 checks it. */
-    if (po.rank == 0 && !force && q3_file_exists(out)) {
-        q3_err("%s exists; pass --force to overwrite it", out);
+    if (po.rank == 0 && q3_check_output(out, force)) {
+        q3_err_prefix("-o");
         par_fail(&po, "logits");
         free(ids);
         return 1;
@@ -110,7 +111,7 @@ int cmd_logits(int argc, char **argv) {
     if (rc == 0 && comm_stats && po.rank == 0) q3_comm_stats_print(stderr);
     if (rc == 0 && po.rank == 0) {
         FILE *f = fopen(out, "wb");
-        if (!f) rc = q3_err("cannot create %s", out);
+        if (!f) rc = q3_err("cannot create %s: %s", out, strerror(errno));
         else {
             /* Written as stored: the machines we target are little-endian. */
             size_t w = fwrite(rows, sizeof(float), n * V, f);

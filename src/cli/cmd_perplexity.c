@@ -194,8 +194,7 @@ int cmd_perplexity(int argc, char **argv) {
         return 2;
     }
     if (chunk && ctx && chunk > ctx) return fail("--chunk %ld exceeds --ctx %ld", chunk, ctx);
-    if (json_path && !force && access(json_path, F_OK) == 0)
-        return fail("--json: %s already exists (use --force to overwrite)", json_path);
+    if (json_path && q3_check_output(json_path, force)) return fail("--json: %s", q3_errmsg());
 
     int rc = 1;
     int32_t *ids = NULL;

@@ -50,25 +50,30 @@
 #include "parallel/comm.h"
 #include "parallel/plan.h"
 #include "sample/sampler.h"
+#include "io/q3m.h"
+#include "model/model.h"
 #include "util/error.h"
+#include "util/file.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: q3moe plan -m MODEL --ranks N [options]\n\n"
             "Prints how MODEL is split over N ranks (groups, heads, KV heads, experts, vocab\n"
             "slices) and predicts per-rank memory traffic, communication and time per decode\n"
-            "token and per prompt. Reads MODEL/config.json only (no weights needed).\n\n"
-            "  -m MODEL               checkpoint directory holding config.json (default: the\n"
-            "                         --config file's model_path)\n"
+            "token and per prompt. Reads MODEL's config.json only (no weights needed).\n\n"
+            "  -m MODEL               checkpoint directory holding config.json, or a .q3m file\n"
+            "                         (its scheme is the default --quant; default: the --config\n"
+            "                         file's model_path)\n"
             "  --ranks N              number of ranks (MPI world size)\n"
             "  --config FILE          YAML plan: model_path, parallel_config {attn_tp_size,\n"
             "                         moe_tp_size, moe_ep_size, lmhead_tp_size, moe_ep_comm,\n"
             "                         comm_quant}\n");
     q3_plan_flags_help(f);
     fprintf(f,
-            "  --quant SCHEME         weight storage: bf16 (default), w8a8, w4a8, w8a8i, w4a8i,\n"
-            "                         w8, w4 (w4*: experts/MLP MXFP4; attention MXFP8 except\n"
-            "                         w4, MXINT8 in the i schemes: the same bytes)\n"
+            "  --quant SCHEME         weight storage: bf16 (the default for a directory), w8a8,\n"
+            "                         w4a8, w8a8i, w4a8i, w8, w4 (w4*: experts/MLP MXFP4;\n"
+            "                         attention MXFP8 except w4, MXINT8 in the i schemes: the\n"
+            "                         same bytes)\n"
             "  --prompt P             prompt length in tokens (default 512); decode is timed at\n"
             "                         context P\n"
             "  --membw-gbps M         memory read bandwidth per rank, GB/s (default 100)\n"
@@ -385,8 +390,21 @@ static int write_json(const char *path, int force, const q3_plan *p, const char 
 
 /* ------------------------------------------------------------ command */
 
+/* The scheme name a .q3m's weights match (its FFN dtype and activations;
+ * the estimate takes attention as that scheme stores it). */
+static const char *q3m_scheme_name(const char *path) {
+    q3m_file f;
+    if (q3m_open(&f, path)) return NULL;
+    const q3_quant_scheme q = f.scheme;
+    q3m_close(&f);
+    const int i8 = q.act == Q3_MXINT8, a8 = q.act == Q3_MXFP8 || i8;
+    if (q.ffn == Q3_MXFP4) return a8 ? (i8 ? "w4a8i" : "w4a8") : "w4";
+    if (q.ffn == Q3_MXFP8 || q.ffn == Q3_MXINT8) return a8 ? (i8 ? "w8a8i" : "w8a8") : "w8";
+    return "bf16";
+}
+
 int cmd_plan(int argc, char **argv) {
-    const char *model = NULL, *yaml = NULL, *quant = "bf16", *json_path = NULL;
+    const char *model = NULL, *yaml = NULL, *quant = NULL, *json_path = NULL;
     long ranks = 0, prompt = 512, top_k = 20;
     double membw = 100, link = 25, lat_us = 5, gflops = 0;
     int force = 0;
@@ -437,10 +455,11 @@ int cmd_plan(int argc, char **argv) {
         }
     }
     if (!ranks) return fail(2, "missing --ranks N (see q3moe plan --help)");
+    if (json_path && q3_check_output(json_path, force)) return fail(1, "--json: %s", q3_errmsg());
     const scheme *sc = NULL;
-    for (size_t k = 0; k < sizeof schemes / sizeof schemes[0]; k++)
+    for (size_t k = 0; quant && k < sizeof schemes / sizeof schemes[0]; k++)
         if (!strcmp(schemes[k].name, quant)) sc = &schemes[k];
-    if (!sc) return fail(2, "--quant: unknown scheme '%s' (choose bf16, w8a8, w4a8, w8a8i, w4a8i, w8 or w4)", quant);
+    if (quant && !sc) return fail(2, "--quant: unknown scheme '%s' (choose bf16, w8a8, w4a8, w8a8i, w4a8i, w8 or w4)", quant);
 
     q3_plan p;
     q3_plan_init(&p);
@@ -453,17 +472,15 @@ int cmd_plan(int argc, char **argv) {
     if (!model) model = p.model_path[0] ? p.model_path : NULL;
     if (!model) return fail(2, "missing -m MODEL (or model_path in --config FILE)");
 
-    size_t len = strlen(model);
-    char *cfg_path = q3_malloc(len + sizeof "/config.json");
-    memcpy(cfg_path, model, len);
-    strcpy(cfg_path + len, "/config.json");
     q3_config c;
-    int rc = q3_config_load(&c, cfg_path) ? fail(1, "%s", q3_errmsg()) : 0;
-    if (rc == 0 && q3_plan_validate(&p, (int)ranks, &c, sc->mx)) rc = fail(1, "%s", q3_errmsg());
-    if (rc) {
-        free(cfg_path);
-        return rc;
+    if (q3_model_load_config(&c, model)) return fail(1, "%s", q3_errmsg());
+    if (!quant) { /* a .q3m stores its scheme; a directory defaults to BF16 */
+        const char *name = q3_is_dir(model) ? "bf16" : q3m_scheme_name(model);
+        if (!name) return fail(1, "%s", q3_errmsg());
+        for (size_t k = 0; k < sizeof schemes / sizeof schemes[0]; k++)
+            if (!strcmp(schemes[k].name, name)) sc = &schemes[k];
     }
+    if (q3_plan_validate(&p, (int)ranks, &c, sc->mx)) return fail(1, "%s", q3_errmsg());
 
     machine mc = {.link_Bps = link * 1e9, .lat_s = lat_us * 1e-6, .membw_Bps = membw * 1e9, .flops_ps = gflops * 1e9};
     phase_model dec, pre;
@@ -476,7 +493,7 @@ int cmd_plan(int argc, char **argv) {
     for (int l = 0; l < c.num_layers; l++) n_sparse += p.is_moe && c.layer_is_sparse[l];
     FILE *f = stdout;
     fprintf(f, "model: %s: %s, %d layers (%d MoE, %d dense), hidden %d, %d query / %d KV heads x %d",
-            cfg_path, c.is_moe ? "qwen3_moe" : "qwen3", c.num_layers, n_sparse, c.num_layers - n_sparse,
+ model, c.is_moe ? "qwen3_moe" : "qwen3", c.num_layers, n_sparse, c.num_layers - n_sparse,
             c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim);
     if (p.is_moe) fprintf(f, ", %d experts top-%d x %d", c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size);
     fprintf(f, ", vocab %d\n", c.vocab_size);
@@ -528,8 +545,7 @@ int cmd_plan(int argc, char **argv) {
             dec.compute_ms, dec.comm_ms, mb(comm_bytes(&dec)), 1e3 / dec.total_ms);
     fprintf(f, "  prefill  %10.3f ms for %ld tokens = compute %.3f + comm %.3f (%.3f MB)\n", pre.total_ms, prompt,
             pre.compute_ms, pre.comm_ms, mb(comm_bytes(&pre)));
-    if (fflush(f)) rc = fail(1, "cannot write to stdout");
+    int rc = fflush(f) ? fail(1, "cannot write to stdout") : 0;
     if (rc == 0 && json_path) rc = write_json(json_path, force, &p, sc->name, prompt, top_k, &mc, &dec, &pre, &alt, &res);
-    free(cfg_path);
     return rc;
 }

@@ -132,9 +132,13 @@ int session_explain_nan(const q3_model *m, const char *logits_what) {
     return q3_err("%s: %s: %s", m->dir, logits_what, where);
 }
 
-int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n) {
+int session_encode_n(q3_session *s, const char *text, size_t len, int32_t **ids, size_t *n) {
     if (!s->tok) return q3_err("%s has no usable tokenizer.json", s->model.dir);
-    return q3_tok_encode(s->tok, text, strlen(text), ids, n);
+    return q3_tok_encode(s->tok, text, len, ids, n);
+}
+
+int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n) {
+    return session_encode_n(s, text, strlen(text), ids, n);
 }
 
 static int is_eos(const q3_session *s, int32_t id) {

@@ -44,7 +44,10 @@ int32_t session_sample(q3_session *s, q3_sampler *smp);
  * weights for the first NaN or infinity and names it, or says an
  * activation overflowed. Always returns -1 with q3_err set. */
 int session_explain_nan(const q3_model *m, const char *logits_what);
-/* Encode text with the checkpoint's tokenizer (error when it has none). */
+/* Encode text (len bytes, NUL bytes included) with the checkpoint's
+ * tokenizer (error when it has none). */
+int session_encode_n(q3_session *s, const char *text, size_t len, int32_t **ids, size_t *n);
+/* The same for a NUL-terminated text. */
 int session_encode(q3_session *s, const char *text, int32_t **ids, size_t *n);
 
 typedef struct {

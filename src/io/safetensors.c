@@ -248,7 +248,9 @@ int q3_st_open_dir(q3_st_archive *a, const char *dir) {
         if (rc == 0) {
             for (size_t i = 0; i < n && rc == 0; i++) {
                 char *p = q3_path_join(dir, names[i]);
-                if (!q3_file_exists(p)) rc = q3_err("shard %s listed in %s does not exist", p, index);
+                if (!*names[i]) rc = q3_err("%s lists a shard with an empty name", index);
+                else if (q3_is_dir(p)) rc = q3_err("shard %s listed in %s is a directory, not a file", p, index);
+                else if (!q3_file_exists(p)) rc = q3_err("shard %s listed in %s does not exist", p, index);
                 else rc = add_file(a, p);
                 free(p);
             }

@@ -62,6 +62,23 @@ static int refuse_unsupported(const char *path, json_t *root) {
     return 0;
 }
 
+/* "eos_token_id": absent or null (-1), a token id, or a non-empty list of
+ * them (the first is kept: the tokenizer names the chat's end tokens). */
+static int get_eos(const char *path, json_t *root, int vocab, int *out) {
+    json_t *v = json_object_get(root, "eos_token_id");
+    *out = -1;
+    if (!v || json_is_null(v)) return 0;
+    const size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= vocab)
+            return q3_err("%s: field \"eos_token_id\" must be a token id in [0, %d) or a non-empty list of them", path, vocab);
+        if (i == 0) *out = (int)json_integer_value(e);
+    }
+    if (n == 0) return q3_err("%s: field \"eos_token_id\" is an empty list", path);
+    return 0;
+}
+
 static int parse(q3_config *c, const char *path, json_t *root) {
     const long BIG = 1l << 20;
     json_t *mt = json_object_get(root, "model_type");
@@ -84,10 +101,7 @@ static int parse(q3_config *c, const char *path, json_t *root) {
         get_num(path, root, "rope_theta", 10000, 1, 1e12, &c->rope_theta) ||
         get_int(path, root, "bos_token_id", 0, -1, -1, 1l << 24, &c->bos_token_id))
         return -1;
-    json_t *eos = json_object_get(root, "eos_token_id");
-    c->eos_token_id = -1;
-    if (json_is_array(eos) && json_array_size(eos) > 0) eos = json_array_get(eos, 0);
-    if (json_is_integer(eos)) c->eos_token_id = (int)json_integer_value(eos);
+    if (get_eos(path, root, c->vocab_size, &c->eos_token_id)) return -1;
     if (c->num_heads % c->num_kv_heads)
         return q3_err("%s: \"num_attention_heads\" (%d) must be a multiple of \"num_key_value_heads\" (%d)", path,
                       c->num_heads, c->num_kv_heads);

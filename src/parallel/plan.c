@@ -10,6 +10,7 @@
 #include <yaml.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 #define MAX_SIZE (1 << 20)
 
@@ -203,6 +204,7 @@ static int load_top(q3_plan *p, yreader *r) {
 }
 
 int q3_plan_load_yaml(q3_plan *p, const char *path) {
+    if (q3_is_dir(path)) return q3_err("%s: is a directory, not a YAML file", path);
     FILE *f = fopen(path, "rb");
     if (!f) return q3_err("%s: cannot open: %s", path, strerror(errno));
     yreader r = {.path = path};

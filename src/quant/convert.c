@@ -416,22 +416,8 @@ static int write_bf16p(writer *w, const q3_tensor_source *s, int ti, const q3m_t
 
 /* ---- the writer ---- */
 
-static char *dir_of(const char *path) {
-    const char *sl = strrchr(path, '/');
-    if (!sl) return q3_strdup(".");
-    if (sl == path) return q3_strdup("/");
-    char *d = q3_malloc((size_t)(sl - path) + 1);
-    memcpy(d, path, (size_t)(sl - path));
-    d[sl - path] = 0;
-    return d;
-}
-
 static int check_target(const char *dst, int force) {
-    struct stat st;
-    if (stat(dst, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) return q3_err("-o %s is a directory; give the path of the .q3m file to write", dst);
-        if (!force) return q3_err("%s exists; pass --force to overwrite it", dst);
-    }
+    if (q3_check_output(dst, force)) return q3_err_prefix("-o");
     return 0;
 }
 
@@ -514,7 +500,7 @@ int q3_pack(const q3_tensor_source *src, const q3_pack_opts *o, q3_convert_stats
     layout l;
     int rc = plan_layout(src, o->scheme, &l, 1);
 
-    char *dir = dir_of(o->dst);
+    char *dir = q3_path_dir(o->dst);
     struct statvfs vfs;
     if (rc == 0 && statvfs(dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < l.file_size)
         rc = q3_err("not enough space in %s: the .q3m needs %.2f GB, %.2f GB are free", dir, l.file_size / 1e9,
@@ -638,6 +624,25 @@ static int read_optional(const char *dir, const char *name, blob_file *b) {
     return rc;
 }
 
+/* Whether dst names a file of the checkpoint at src (a shard or one of
+ * the JSON files convert reads): --force must not let the output replace
+ * its own input. */
+static int is_source_file(const q3_st_archive *a, const char *src, const char *dst) {
+    struct stat d;
+    if (stat(dst, &d) != 0) return 0;
+    for (int i = 0; i < a->n_files; i++)
+        if (a->files[i].dev == (unsigned long long)d.st_dev && a->files[i].ino == (unsigned long long)d.st_ino) return 1;
+    static const char *const names[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json"};
+    int hit = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !hit; i++) {
+        char *p = q3_path_join(src, names[i]);
+        struct stat f;
+        hit = stat(p, &f) == 0 && f.st_dev == d.st_dev && f.st_ino == d.st_ino;
+        free(p);
+    }
+    return hit;
+}
+
 int q3_convert(const q3_convert_opts *o, q3_convert_stats *st) {
     memset(st, 0, sizeof *st);
     if (!q3_is_dir(o->src)) {
@@ -656,6 +661,10 @@ int q3_convert(const q3_convert_opts *o, q3_convert_stats *st) {
     q3_prefault_set(prefault_was);
     if (load_rc) return -1;
     q3_st_archive *a = &m.st;
+    if (is_source_file(a, o->src, o->dst)) {
+        q3_model_free(&m);
+        return q3_err("-o %s is a file of the checkpoint %s being converted; write the .q3m elsewhere", o->dst, o->src);
+    }
 
     blob_file cfg = {0}, tok = {0}, tokc = {0};
     int rc = read_optional(o->src, "config.json", &cfg);

@@ -65,8 +65,9 @@ static json_t *config_object(const synth_geom *g, const char *torch_dtype) {
     set_int(c, "max_window_layers", g->layers);
     set_bool(c, "tie_word_embeddings", g->tie);
     set_str(c, "torch_dtype", torch_dtype);
-    set_int(c, "bos_token_id", 151643);
-    set_int(c, "eos_token_id", 151645);
+    /* Qwen3's ids where the vocabulary holds them (a smaller random one has no such tokens) */
+    json_object_set_new(c, "bos_token_id", g->vocab > 151643 ? json_integer(151643) : json_null());
+    json_object_set_new(c, "eos_token_id", g->vocab > 151645 ? json_integer(151645) : json_null());
     set_real(c, "initializer_range", 0.02);
     set_bool(c, "use_cache", 1);
     set_str(c, "transformers_version", "4.51.0");

@@ -203,17 +203,22 @@ char *q3_read_file(const char *path, size_t *len_out) {
     }
     size_t cap = 1 << 16, len = 0;
     char *buf = q3_malloc(cap);
+    int err = 0;
     for (;;) {
         if (len + 1 >= cap) buf = q3_realloc(buf, cap *= 2);
+        errno = 0;
         size_t n = fread(buf + len, 1, cap - len - 1, fp);
         len += n;
-        if (n == 0) break;
+        if (n == 0) {
+            err = errno;
+            break;
+        }
     }
     int bad = ferror(fp);
     fclose(fp);
     if (bad) {
         free(buf);
-        q3_err("error reading %s", path);
+        q3_err("error reading %s: %s", path, strerror(err ? err : EIO));
         return NULL;
     }
     buf[len] = 0;
@@ -224,6 +229,32 @@ char *q3_read_file(const char *path, size_t *len_out) {
 int q3_is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+char *q3_path_dir(const char *path) {
+    const char *sl = strrchr(path, '/');
+    if (!sl) return q3_strdup(".");
+    if (sl == path) return q3_strdup("/");
+    char *d = q3_malloc((size_t)(sl - path) + 1);
+    memcpy(d, path, (size_t)(sl - path));
+    d[sl - path] = 0;
+    return d;
+}
+
+int q3_check_output(const char *path, int force) {
+    if (!*path) return q3_err("the output path is empty");
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return q3_err("%s is a directory; give the path of the file to write", path);
+        if (!force) return q3_err("%s already exists (use --force to overwrite)", path);
+    }
+    char *dir = q3_path_dir(path);
+    int rc = 0;
+    if (stat(dir, &st) != 0) rc = q3_err("cannot create %s: %s: %s", path, dir, strerror(errno));
+    else if (!S_ISDIR(st.st_mode)) rc = q3_err("cannot create %s: %s is not a directory", path, dir);
+    else if (access(dir, W_OK | X_OK) != 0) rc = q3_err("cannot create %s: %s: %s", path, dir, strerror(errno));
+    free(dir);
+    return rc;
 }
 
 int q3_file_exists(const char *path) {

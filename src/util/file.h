@@ -50,6 +50,14 @@ char *q3_read_file(const char *path, size_t *len_out);
 
 int q3_is_dir(const char *path);
 int q3_file_exists(const char *path);
+/* Whether a file that a command is about to write at path can be made:
+ * path is not empty and not a directory, an existing file is replaced only
+ * with force, and its directory exists and is writable. Checked before the
+ * work, so a long run is not lost to a typo in its output path. 0, or -1
+ * with q3_err naming path. */
+int q3_check_output(const char *path, int force);
+/* The directory part of path ("." when it has none), a heap string. */
+char *q3_path_dir(const char *path);
 /* Join dir and name into a heap string. */
 char *q3_path_join(const char *dir, const char *name);
 /* Directory holding the running executable (heap string), or NULL. */
