@@ -516,6 +516,12 @@ def test_output_path_checked_before_the_work(tiny, work, cmd):
     assert not (work / "no-such-dir").exists()
 
 
+@pytest.mark.parametrize("cmd", [["synth", "--preset", "tiny", "--dry-run"], ["convert", "-m", "."]])
+def test_empty_output_path(cmd):
+    # an empty -o once sent synth's mkdir -p one byte past its copy of the path
+    expect_error([*cmd, "-o", ""], must=["-o", "empty"])
+
+
 def test_convert_refuses_to_overwrite_its_input(tiny, work):
     d = work / "ck"
     shutil.copytree(tiny, d)

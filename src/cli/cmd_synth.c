@@ -174,6 +174,7 @@ static int parse_args(int argc, char **argv, options *o) {
         }
     }
     if (!o->out) return fail("missing -o DIR or -o FILE.q3m (see q3moe synth --help)");
+    if (!*o->out) return fail("-o: the output path is empty");
     o->q3m = ends_with(o->out, ".q3m");
     if (o->scheme_flag && !o->q3m)
         return fail("%s: a quantization scheme needs a .q3m output (-o FILE.q3m); -o %s is a checkpoint "

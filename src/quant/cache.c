@@ -16,25 +16,6 @@
 #include "util/error.h"
 #include "util/file.h"
 
-static int mkdir_p(const char *path) {
-    char *p = q3_strdup(path);
-    int rc = 0;
-    for (char *s = p + 1;; s++) {
-        int last = *s == 0;
-        if (*s != '/' && !last) continue;
-        *s = 0;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-            rc = q3_err("cannot create the cache directory %s: %s", p, strerror(errno));
-            break;
-        }
-        if (last) break;
-        *s = '/';
-    }
-    free(p);
-    if (rc == 0 && !q3_is_dir(path)) rc = q3_err("cache directory %s exists and is not a directory", path);
-    return rc;
-}
-
 static char *cache_root(void) {
     const char *e = getenv("Q3MOE_CACHE_DIR");
     if (e && *e) return q3_strdup(e);
@@ -53,7 +34,8 @@ static char *cache_root(void) {
 
 char *q3_cache_dir(void) {
     char *d = cache_root();
-    if (d && mkdir_p(d)) {
+    if (d && q3_mkdir_p(d)) {
+        q3_err_prefix("%s", "the cache directory");
         free(d);
         return NULL;
     }

@@ -30,22 +30,6 @@ static int is_owned(const char *name) {
     return 0;
 }
 
-static int mkdir_p(const char *path) {
-    char *p = q3_strdup(path);
-    int rc = 0;
-    for (char *s = p + 1; rc == 0; s++) {
-        int last = *s == 0;
-        if (*s != '/' && !last) continue;
-        *s = 0;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) rc = q3_err("cannot create %s: %s", p, strerror(errno));
-        if (last) break;
-        *s = '/';
-    }
-    free(p);
-    if (rc == 0 && !q3_is_dir(path)) rc = q3_err("%s exists and is not a directory", path);
-    return rc;
-}
-
 /* Count the entries of dir, deleting those synth owns when `remove` is
  * set. -1 when the directory cannot be read or cleared. */
 static int scan_dir(const char *dir, int remove) {
@@ -68,7 +52,7 @@ static int scan_dir(const char *dir, int remove) {
 
 int synth_prepare_dir(const char *dir, int force) {
     struct stat st;
-    if (stat(dir, &st) != 0) return mkdir_p(dir);
+    if (stat(dir, &st) != 0) return q3_mkdir_p(dir);
     if (!S_ISDIR(st.st_mode)) return q3_err("%s exists and is not a directory", dir);
     int n = scan_dir(dir, force);
     if (n < 0) return -1;

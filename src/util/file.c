@@ -241,6 +241,26 @@ char *q3_path_dir(const char *path) {
     return d;
 }
 
+int q3_mkdir_p(const char *path) {
+    if (!*path) return q3_err("the directory path is empty");
+    char *p = q3_strdup(path);
+    int rc = 0;
+    for (char *s = p + 1;; s++) { /* from p + 1: a leading '/' is the root, not a parent to make */
+        const int last = *s == 0;
+        if (*s != '/' && !last) continue;
+        *s = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            rc = q3_err("cannot create %s: %s", p, strerror(errno));
+            break;
+        }
+        if (last) break;
+        *s = '/';
+    }
+    free(p);
+    if (rc == 0 && !q3_is_dir(path)) rc = q3_err("%s exists and is not a directory", path);
+    return rc;
+}
+
 int q3_check_output(const char *path, int force) {
     if (!*path) return q3_err("the output path is empty");
     struct stat st;

@@ -56,6 +56,9 @@ int q3_file_exists(const char *path);
  * work, so a long run is not lost to a typo in its output path. 0, or -1
  * with q3_err naming path. */
 int q3_check_output(const char *path, int force);
+/* Make directory path and its missing parents (mkdir -p). 0, or -1 with
+ * q3_err. */
+int q3_mkdir_p(const char *path);
 /* The directory part of path ("." when it has none), a heap string. */
 char *q3_path_dir(const char *path);
 /* Join dir and name into a heap string. */
