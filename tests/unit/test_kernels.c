@@ -760,7 +760,8 @@ static void test_i8_prep(void) {
  * products come from inputs below 2^-6 (only r), or from one plane's bits
  * (only lo, only hi); a group of 8 blocks with r beside one without; a
  * tail of 2 steps (K = 384); scale codes 0 and 255 (the row taken a step at
- * a time). Every table, against the double-precision reference. */
+ * a time). The same inputs as 17 tokens of a prefill product too. Every
+ * table, against the double-precision reference. */
 static void test_a8_planes(void) {
     static const int Ks[] = {512, 384};
     enum { M = 24 };
@@ -798,24 +799,47 @@ static void test_a8_planes(void) {
                 x[b * 32 + i] = (float)sign * ldexpf(e4, s);
             }
         }
-        float xq[512];
+        /* The same blocks as the tokens of a prefill product (the A8 GEMMs,
+         * or the fp32 ones on the MXFP8 values): each token the row scaled
+         * by a power of two and signed its way (still MXFP8), some tokens'
+         * blocks only of the kinds without r, one all zero. */
+        enum { T = 17 };
+        float *xs = malloc((size_t)T * K * sizeof *xs), *outs = malloc((size_t)T * M * sizeof *outs);
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++) {
+                const int b = k / 32, plain = t >= 8 && t < 16, kind_r = b % 4 == 0 || b % 4 == 3;
+                const float v = plain && kind_r && k % 32 ? 0.0f : x[k];
+                xs[(size_t)t * K + k] = t == 5 ? 0.0f : (t % 2 ? -1.0f : 1.0f) * ldexpf(v, t % 3 - 1);
+            }
+        float *xq = malloc((size_t)T * K * sizeof *xq);
         CHECK(q3_mx_fake_quant_row(Q3_MXFP8, x, (size_t)K, xq) == 0);
         CHECK(!memcmp(xq, x, (size_t)K * sizeof *x)); /* the inputs are MXFP8 already */
+        for (int t = 0; t < T; t++) CHECK(q3_mx_fake_quant_row(Q3_MXFP8, xs + (size_t)t * K, (size_t)K, xq + (size_t)t * K) == 0);
+        CHECK(!memcmp(xq, xs, (size_t)T * K * sizeof *xs));
         q3_mat W = {.data = el, .dtype = Q3_MXFP4, .rows = M, .cols = K, .scales = sc, .a8 = 1};
         for (int isa = Q3_ISA_SCALAR; isa < Q3_ISA_COUNT; isa++) {
             q3_kernels_force((q3_isa)isa);
             if ((int)q3_kernels_isa() != isa) continue;
             q3_matmul(out, x, 1, &W);
+            q3_matmul(outs, xs, T, &W);
             CHECK(isnan(out[6]));
             out[6] = 0;
+            for (int t = 0; t < T; t++) {
+                CHECK(isnan(outs[(size_t)t * M + 6]) || t == 5);
+                outs[(size_t)t * M + 6] = 0;
+            }
             float wf6[512];
             memcpy(wf6, wf + 6 * K, sizeof wf6);
             memset(wf + 6 * K, 0, (size_t)K * sizeof *wf);
-            const double err = worst_rel_err(out, x, wf, 1, M, K);
+            const double err = worst_rel_err(out, x, wf, 1, M, K), errs = worst_rel_err(outs, xs, wf, T, M, K);
             memcpy(wf + 6 * K, wf6, (size_t)K * sizeof *wf);
-            if (err >= 1e-6) fprintf(stderr, "test_a8_planes: K %d, %s: relative error %g\n", K, q3_isa_name((q3_isa)isa), err);
+            if (err >= 1e-6 || errs >= 1e-6)
+                fprintf(stderr, "test_a8_planes: K %d, %s: relative error %g (one token), %g (%d)\n", K, q3_isa_name((q3_isa)isa),
+                        err, errs, T);
             CHECK(err < 1e-6);
+            CHECK(errs < 1e-6);
         }
+        free(xs), free(outs), free(xq);
         q3_kernels_force(Q3_ISA_COUNT - 1);
         free(el), free(sc), free(wf), free(x);
     }
