@@ -434,7 +434,7 @@ static int gemm_ab_bench(int P, double skew, int reps) {
         return 2;
     }
     q3_kernels_init();
-    const q3_isa_kernels *kt = q3_kernels_table();
+    const q3_isa_kernels *kt = q3_isa_current();
     if (kt->gemm_bc != Q3_GEMM_AB_ISA) {
         fprintf(stderr, "gemm_ab: the kernels in use (%s) do not run the broadcast GEMM it was built for (%s; Q3MOE_ISA picks the kernels)\n",
                 q3_isa_name(q3_kernels_isa()), Q3_GEMM_AB_ISA == q3_avx2_gemm_bc ? "avx2" : "avx512");

@@ -202,7 +202,9 @@ typedef struct {
  * codes decoded as 2x their value). */
 const float *q3_mx_scale_table(q3_dtype t);
 
-/* The kernels in force (after q3_kernels_init). */
+/* The kernel table in force (isa_select.c; initialises it on first use,
+ * and follows q3_kernels_force): what the matmul driver and the other
+ * kernels run, and what tests ask when they must know a product's paths. */
 const q3_isa_kernels *q3_isa_current(void);
 
 extern const q3_isa_kernels q3_kernels_scalar;
@@ -342,10 +344,6 @@ void q3_avx512vnni_i8_prep(void *xq, const float *x, int K, q3_dtype wt);
 void q3_avx512vnni_gemv_i8(float *out, const void *xq, const q3_mat *W, int r0, int r1);
 void q3_avx512vnni_i8_prep_tokens(void *xq, const float *x, int K);
 void q3_avx512vnni_gemv_i8_tokens(float *out, size_t ldo, const void *xq, size_t xs, int T, const q3_mat *W, int r0, int r1);
-
-/* The table the matmul driver uses now (after q3_kernels_init / _force):
- * for tests that must know which paths a product can take. */
-const q3_isa_kernels *q3_kernels_table(void);
 
 /* Pack W[r0 .. r0+nr) x [k0 .. k0+kc) transposed into Bp[kc][NR] fp32, zero-padding rows >= nr. */
 void q3_pack_panel(float *Bp, const q3_mat *W, int r0, int nr, int k0, int kc);

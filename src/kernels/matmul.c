@@ -1,10 +1,9 @@
-/* Matmul driver: picks the ISA, splits output rows across threads, and runs
- * a GEMV (one token, weights streamed once) or a packed GEMM (several
- * tokens: each weight panel is widened to fp32 once and reused for every
- * token tile). */
-#include <cpuid.h>
+/* Matmul driver: picks the kernel of the table in force (isa_select.c)
+ * for each product, splits output rows across threads, and runs a GEMV
+ * (one token, weights streamed once) or a GEMM (several tokens: each
+ * weight panel is widened or decoded once and reused for every token
+ * tile). */
 #include <omp.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -16,144 +15,12 @@
 #include "quant/bf16p.h"
 #include "util/error.h"
 
-static const q3_isa_kernels *g_k = &q3_kernels_scalar;
-static q3_isa g_isa = Q3_ISA_SCALAR;
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static q3_isa_kernels g_avx512;     /* the AVX-512 table, plus the VNNI integer kernels where the CPU has them */
-static int g_vnni;                  /* it has */
-static q3_isa_kernels g_avx512bf16; /* that plus the A8 kernels */
-static q3_isa_kernels g_amx;        /* that with the AMX GEMMs */
-static q3_isa_kernels g_avx2;       /* the AVX2 table */
-static int g_hw_prefetch;           /* the plain GEMVs leave their streams to the hardware prefetchers */
-static char g_desc[Q3_ISA_COUNT][32]; /* q3_kernels_desc's names, per table */
 /* Counts matmul passes: an A8 input widened to bf16 by a thread stays
  * valid for the rest of the pass (inputs do not change within one). */
 static unsigned long long g_pass;
 
-const char *q3_isa_name(q3_isa isa) {
-    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
-    return names[isa];
-}
-
-static q3_isa best_supported(void) {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        return !(__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                 __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bf16"))
-                   ? Q3_ISA_AVX512
-               : q3_amx_usable() ? Q3_ISA_AMX
-                                 : Q3_ISA_AVX512BF16;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Q3_ISA_AVX2;
-    return Q3_ISA_SCALAR;
-}
-
-static void set_isa(q3_isa isa) {
-    q3_isa best = best_supported();
-    if (isa > best) isa = best;
-    g_isa = isa;
-    g_k = isa == Q3_ISA_AMX          ? &g_amx
-          : isa == Q3_ISA_AVX512BF16 ? &g_avx512bf16
-          : isa == Q3_ISA_AVX512   ? &g_avx512
-          : isa == Q3_ISA_AVX2     ? &g_avx2
-                                   : &q3_kernels_scalar;
-}
-
-int q3_gemv_prefetch_variants(int t, q3_isa_kernels *sw, q3_isa_kernels *hw) {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || (t && !__builtin_cpu_supports("avx512f")))
-        return 0;
-    *sw = *hw = t ? q3_kernels_avx512 : q3_kernels_avx2;
-    (t ? q3_avx512_hw_prefetch_kernels : q3_avx2_hw_prefetch_kernels)(hw);
-    return 1;
-}
-
-static int cpu_vendor_is(unsigned ebx) {
-    unsigned a, b, c, d;
-    return __get_cpuid(0, &a, &b, &c, &d) && b == ebx;
-}
-
-/* Zen 4: AMD family 19h (Zen 3 and Zen 4) with AVX-512 (Zen 4 only). */
-static int amd_zen4(void) {
-    unsigned a, b, c, d;
-    if (!cpu_vendor_is(0x68747541u /* "Auth"enticAMD */) || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    unsigned family = (a >> 8) & 0xf;
-    if (family == 0xf) family += (a >> 20) & 0xff;
-    return family == 0x19 && __builtin_cpu_supports("avx512f");
-}
-
-/* Whether the plain-dtype GEMVs should go without their software prefetch
- * (isa_avx512.c's gemv_hw says why): on Zen 4 by default, where that
- * measured faster with either table; Q3MOE_GEMV_PREFETCH=sw|hw decides
- * instead (Zen 3 was not measured without it since the prefetch came in). */
-static int use_hw_prefetch(void) {
-    const char *env = getenv("Q3MOE_GEMV_PREFETCH");
-    if (env && !strcmp(env, "sw")) return 0;
-    if (env && !strcmp(env, "hw")) return 1;
-    if (env && *env) fprintf(stderr, "q3moe: ignoring Q3MOE_GEMV_PREFETCH=%s (expected sw or hw)\n", env);
-    return amd_zen4();
-}
-
-int q3_pf_to_l2;
-
-/* Where the GEMVs prefetch to (prefetch.h says why): L2 on Intel CPUs,
- * unless Q3MOE_PREFETCH_TO=l1|l2 says. */
-static int prefetch_to_l2(void) {
-    const char *env = getenv("Q3MOE_PREFETCH_TO");
-    if (env && !strcmp(env, "l1")) return 0;
-    if (env && !strcmp(env, "l2")) return 1;
-    if (env && *env) fprintf(stderr, "q3moe: ignoring Q3MOE_PREFETCH_TO=%s (expected l1 or l2)\n", env);
-    return cpu_vendor_is(0x756e6547u /* "Genu"ineIntel */);
-}
-
-static void init_once(void) {
-    q3_pf_to_l2 = prefetch_to_l2();
-    g_avx512 = q3_kernels_avx512;
-    g_avx2 = q3_kernels_avx2;
-    g_hw_prefetch = use_hw_prefetch();
-    if (g_hw_prefetch) q3_avx512_hw_prefetch_kernels(&g_avx512), q3_avx2_hw_prefetch_kernels(&g_avx2);
-    g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512vnni");
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) q3_avx512bw_mx_kernels(&g_avx512);
-    if (g_vnni) q3_avx512vnni_i8_kernels(&g_avx512);
-    g_avx512bf16 = g_avx512;
-    q3_avx512bf16_a8_kernels(&g_avx512bf16);
-    g_amx = g_avx512bf16;
-    q3_amx_kernels(&g_amx);
-    q3_isa isa = best_supported();
-    const char *env = getenv("Q3MOE_ISA");
-    if (env && !strcmp(env, "scalar")) isa = Q3_ISA_SCALAR;
-    else if (env && !strcmp(env, "avx2")) isa = Q3_ISA_AVX2;
-    else if (env && !strcmp(env, "avx512")) isa = Q3_ISA_AVX512;
-    else if (env && !strcmp(env, "avx512bf16")) isa = Q3_ISA_AVX512BF16;
-    else if (env && !strcmp(env, "amx")) isa = Q3_ISA_AMX;
-    set_isa(isa);
-    for (int i = 0; i < Q3_ISA_COUNT; i++)
-        snprintf(g_desc[i], sizeof g_desc[i], "%s%s%s%s", q3_isa_name((q3_isa)i), g_vnni && i >= Q3_ISA_AVX512 ? "+vnni" : "",
-                 g_hw_prefetch && i >= Q3_ISA_AVX2 ? "+hwpf" : "", q3_pf_to_l2 && i >= Q3_ISA_AVX2 ? "+pfl2" : "");
-}
-
-void q3_kernels_init(void) { pthread_once(&g_once, init_once); }
-
-const char *q3_kernels_desc(void) {
-    q3_kernels_init();
-    return g_desc[g_isa];
-}
-
-void q3_kernels_force(q3_isa isa) {
-    q3_kernels_init();
-    set_isa(isa);
-}
-
-const q3_isa_kernels *q3_isa_current(void) {
-    q3_kernels_init();
-    return g_k;
-}
-
-q3_isa q3_kernels_isa(void) {
-    q3_kernels_init();
-    return g_isa;
-}
+/* The kernel table in force (isa_select.c). */
+static inline const q3_isa_kernels *kt(void) { return q3_isa_current(); }
 
 static inline size_t cs_of(const q3_mat *W) { return W->cs ? W->cs : 1; }
 
@@ -180,7 +47,7 @@ static int mx_shape_ok(const q3_mat *W, int kmax) {
 
 /* The integer GEMV: MXINT8 inputs against MXINT8 or MXFP4 weights. */
 static int gemv_i8_ok(const q3_mat *W) {
-    return g_k->gemv_i8 && W->ai8 && (W->dtype == Q3_MXINT8 || W->dtype == Q3_MXFP4) && W->cs <= 1 && W->cols % 64 == 0 &&
+    return kt()->gemv_i8 && W->ai8 && (W->dtype == Q3_MXINT8 || W->dtype == Q3_MXFP4) && W->cs <= 1 && W->cols % 64 == 0 &&
            W->cols <= A8_KMAX;
 }
 
@@ -194,20 +61,20 @@ typedef enum { PG_NONE, PG_MX, PG_A8, PG_I8 } prep_gemv;
 static prep_gemv prepared_gemv(const q3_mat *W, int T) {
     if (gemv_i8_ok(W)) return PG_I8;
     /* (an A8 GEMV without a tokens pass serves one token: more share each decoded row in gemv_mx_tokens) */
-    if (g_k->gemv_a8 && a8_shape_ok(W, A8_KMAX) && (T == 1 || g_k->gemv_a8_tokens)) return PG_A8;
-    return g_k->gemv_mx && mx_shape_ok(W, A8_KMAX) ? PG_MX : PG_NONE;
+    if (kt()->gemv_a8 && a8_shape_ok(W, A8_KMAX) && (T == 1 || kt()->gemv_a8_tokens)) return PG_A8;
+    return kt()->gemv_mx && mx_shape_ok(W, A8_KMAX) ? PG_MX : PG_NONE;
 }
 
 static void prep_input(prep_gemv pg, void *xc, const float *x, const q3_mat *W) {
-    if (pg == PG_I8) g_k->i8_prep(xc, x, W->cols, W->dtype);
-    else if (pg == PG_A8) g_k->a8_prep(xc, x, W->cols, W->dtype);
-    else g_k->mx_prep(xc, x, W->cols, W->dtype);
+    if (pg == PG_I8) kt()->i8_prep(xc, x, W->cols, W->dtype);
+    else if (pg == PG_A8) kt()->a8_prep(xc, x, W->cols, W->dtype);
+    else kt()->mx_prep(xc, x, W->cols, W->dtype);
 }
 
 static void gemv_prepared(prep_gemv pg, float *out, const void *xc, const q3_mat *W, int r0, int nr) {
-    if (pg == PG_I8) g_k->gemv_i8(out, xc, W, r0, r0 + nr);
-    else if (pg == PG_A8) g_k->gemv_a8(out, xc, W, r0, r0 + nr);
-    else g_k->gemv_mx(out, xc, W, r0, r0 + nr);
+    if (pg == PG_I8) kt()->gemv_i8(out, xc, W, r0, r0 + nr);
+    else if (pg == PG_A8) kt()->gemv_a8(out, xc, W, r0, r0 + nr);
+    else kt()->gemv_mx(out, xc, W, r0, r0 + nr);
 }
 
 /* MX GEMV on a prepared input copy, made once per thread and pass, keyed
@@ -236,11 +103,11 @@ enum { MX_GEMV_TOKENS = 12 };
  * with VNNI and BF16, the integer ones ran 212-409 GFLOP/s at T = 2-48,
  * the bf16 GEMM 55-330. */
 static int a8_gemm_takes(const q3_mat *W) {
-    return g_k->gemm_a8 && a8_shape_ok(W, Q3_LANE_KMAX) && !(W->ai8 && W->dtype == Q3_MXFP4 && g_k->gemm_i8);
+    return kt()->gemm_a8 && a8_shape_ok(W, Q3_LANE_KMAX) && !(W->ai8 && W->dtype == Q3_MXFP4 && kt()->gemm_i8);
 }
 
 /* Most tokens the A8 GEMM takes. */
-static int a8_most(void) { return g_k->a8_max_t ? g_k->a8_max_t : Q3_LANE_TOKENS; }
+static int a8_most(void) { return kt()->a8_max_t ? kt()->a8_max_t : Q3_LANE_TOKENS; }
 
 static int a8_gemm_ok(const q3_mm_job *jb) { return jb->T > 1 && jb->T <= a8_most() && a8_gemm_takes(jb->W); }
 
@@ -268,8 +135,8 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
     uint32_t *ap = q3_scratch(Q3_SCR_A8_ACT, (size_t)a8_most() * (Q3_LANE_KMAX / 2) * sizeof *ap);
     uint16_t *row = q3_scratch(Q3_SCR_A8_ROW, (size_t)16 * Q3_LANE_KMAX * sizeof *row); /* a row; AMX 16 */
     uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)Q3_MX_WBUF_WORDS * sizeof *wbuf);
-    if (act_stale(&have, jb)) g_k->a8_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, row);
-    return g_k->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
+    if (act_stale(&have, jb)) kt()->a8_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, row);
+    return kt()->gemm_a8(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
 
 /* The GEMV that decodes MX rows once for several tokens takes W (with
@@ -277,9 +144,9 @@ static int run_gemm_a8(const q3_mm_job *jb, int r0, int nr) {
  * gemv_mx_tokens, MXFP4 and MXFP8 weights; on the A8 copies:
  * gemv_a8_tokens, the shapes gemv_a8 takes). */
 static int tokens_ok(const q3_mat *W, prep_gemv pg) {
-    return pg == PG_I8   ? g_k->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0
-           : pg == PG_MX ? g_k->gemv_mx_tokens && q3_mx_wide_fits(W->dtype, W->cols)
-                         : pg == PG_A8 && g_k->gemv_a8_tokens;
+    return pg == PG_I8   ? kt()->gemv_i8_tokens && W->dtype == Q3_MXFP4 && W->cols % 128 == 0
+           : pg == PG_MX ? kt()->gemv_mx_tokens && q3_mx_wide_fits(W->dtype, W->cols)
+                         : pg == PG_A8 && kt()->gemv_a8_tokens;
 }
 
 /* A few tokens against MX weights: one pass of the tokens GEMV where it
@@ -294,14 +161,14 @@ static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, prep_gemv pg
     if (act_stale(&have, jb))
         for (int t = 0; t < jb->T; t++) {
             float *xc = xt + (size_t)t * W->cols;
-            if (together && i8) g_k->i8_prep_tokens(xc, jb->x + (size_t)t * jb->ldx, W->cols); /* (not gemv_i8's layout) */
+            if (together && i8) kt()->i8_prep_tokens(xc, jb->x + (size_t)t * jb->ldx, W->cols); /* (not gemv_i8's layout) */
             else prep_input(pg, xc, jb->x + (size_t)t * jb->ldx, W);
         }
     if (together) {
         const size_t xs = (size_t)W->cols * sizeof *xt;
-        if (i8) g_k->gemv_i8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
-        else if (pg == PG_A8) g_k->gemv_a8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
-        else g_k->gemv_mx_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
+        if (i8) kt()->gemv_i8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
+        else if (pg == PG_A8) kt()->gemv_a8_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
+        else kt()->gemv_mx_tokens(jb->out + r0, jb->ldo, xt, xs, jb->T, W, r0, r0 + nr);
         return;
     }
     for (int t = 0; t < jb->T; t++) gemv_prepared(pg, jb->out + (size_t)t * jb->ldo + r0, xt + (size_t)t * W->cols, W, r0, nr);
@@ -309,7 +176,7 @@ static void run_gemv_mx_tokens(const q3_mm_job *jb, int r0, int nr, prep_gemv pg
 
 static int bc_shape_ok(const q3_mat *W) {
     const int mx = q3_dtype_is_mx(W->dtype);
-    return g_k->gemm_bc && (!mx || (g_k->bc_mx && W->cols % 64 == 0)) && (W->dtype != Q3_BF16P || g_k->bc_bf16p) &&
+    return kt()->gemm_bc && (!mx || (kt()->bc_mx && W->cols % 64 == 0)) && (W->dtype != Q3_BF16P || kt()->bc_bf16p) &&
            cs_of(W) == 1 && W->cols % 16 == 0 && W->cols <= Q3_LANE_KMAX;
 }
 
@@ -321,9 +188,9 @@ enum { I8_GEMM_MIN_T = 7 };
 
 static int gemm_i8_ok(const q3_mm_job *jb) {
     const q3_mat *W = jb->W;
-    return g_k->gemm_i8 && W->ai8 && (W->dtype == Q3_MXFP4 || (W->dtype == Q3_MXINT8 && g_k->gemm_i8_int8)) && W->cs <= 1 &&
+    return kt()->gemm_i8 && W->ai8 && (W->dtype == Q3_MXFP4 || (W->dtype == Q3_MXINT8 && kt()->gemm_i8_int8)) && W->cs <= 1 &&
            W->cols % 64 == 0 && W->cols <= Q3_LANE_KMAX && jb->T >= I8_GEMM_MIN_T && jb->T <= Q3_BC_TOKENS_MAX &&
-           !(jb->T <= g_k->tokens_t && tokens_ok(W, PG_I8));
+           !(jb->T <= kt()->tokens_t && tokens_ok(W, PG_I8));
 }
 
 static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
@@ -331,51 +198,51 @@ static void run_gemm_i8(const q3_mm_job *jb, int r0, int nr) {
     uint32_t *ap = q3_scratch(Q3_SCR_I8_ACT, (size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX);
     float *fs = q3_scratch(Q3_SCR_I8_FS, (size_t)Q3_BC_TOKENS_MAX * (Q3_LANE_KMAX / 32) * sizeof *fs);
     void *wbuf = q3_scratch(Q3_SCR_I8_W, (size_t)Q3_NR * (Q3_LANE_KMAX + Q3_LANE_KMAX / 4));
-    if (act_stale(&have, jb)) g_k->i8_pack_act(ap, fs, jb->x, jb->ldx, jb->T, jb->W->cols);
-    g_k->gemm_i8(jb->out + r0, jb->ldo, ap, fs, jb->T, jb->W, r0, r0 + nr, wbuf);
+    if (act_stale(&have, jb)) kt()->i8_pack_act(ap, fs, jb->x, jb->ldx, jb->T, jb->W->cols);
+    kt()->gemm_i8(jb->out + r0, jb->ldo, ap, fs, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
 
 /* Weight-only MXFP4 / MXFP8 products on the table's gemm_wo (AMX tiles). */
-static int wo_takes(const q3_mat *W) { return g_k->gemm_wo && !W->a8 && mx_shape_ok(W, Q3_LANE_KMAX); }
+static int wo_takes(const q3_mat *W) { return kt()->gemm_wo && !W->a8 && mx_shape_ok(W, Q3_LANE_KMAX); }
 
 /* Most tokens the lane GEMMs (gemm_bc, gemm_wo) take in one pass. */
-static int lane_most(void) { return g_k->bc_max_t ? g_k->bc_max_t : Q3_LANE_TOKENS; }
+static int lane_most(void) { return kt()->bc_max_t ? kt()->bc_max_t : Q3_LANE_TOKENS; }
 
 /* The weight-only tile GEMM takes this job's products. */
-static int wo_gemm_ok(const q3_mm_job *jb) { return wo_takes(jb->W) && jb->T >= g_k->bc_min_t && jb->T <= lane_most(); }
+static int wo_gemm_ok(const q3_mm_job *jb) { return wo_takes(jb->W) && jb->T >= kt()->bc_min_t && jb->T <= lane_most(); }
 
 /* Bytes of the lane GEMMs' packed fp32 input per token for W: fp32 lanes
  * (gemm_bc), or bf16 parts (BF16 weights on the AMX tiles, and gemm_wo). */
 static size_t bc_token_bytes(const q3_mat *W) {
-    const int parts = (W->dtype == Q3_BF16 || W->dtype == Q3_BF16P || wo_takes(W)) ? g_k->tile_parts : 0;
+    const int parts = (W->dtype == Q3_BF16 || W->dtype == Q3_BF16P || wo_takes(W)) ? kt()->tile_parts : 0;
     return (size_t)W->cols * (parts ? 2 * (size_t)parts : 4);
 }
 
 static int run_gemm_wo(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local act_key have;
     const q3_mat *W = jb->W;
-    const size_t parts = (size_t)g_k->tile_parts;
+    const size_t parts = (size_t)kt()->tile_parts;
     uint32_t *ap = q3_scratch(Q3_SCR_WO_ACT, (size_t)Q3_BC_TOKENS_MAX * (Q3_LANE_KMAX / 2) * parts * sizeof *ap);
     uint16_t *rows = q3_scratch(Q3_SCR_WO_ROWS, 17 * parts * Q3_LANE_KMAX * sizeof *rows);
     uint16_t *wbuf = q3_scratch(Q3_SCR_A8_W, (size_t)Q3_MX_WBUF_WORDS * sizeof *wbuf);
-    if (act_stale(&have, jb)) g_k->wo_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, rows);
-    return g_k->gemm_wo(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
+    if (act_stale(&have, jb)) kt()->wo_pack_act(ap, jb->x, jb->ldx, jb->T, W->cols, W->dtype, rows);
+    return kt()->gemm_wo(jb->out + r0, jb->ldo, ap, jb->T, W, r0, r0 + nr, wbuf);
 }
 
 static void run_gemm_bc(const q3_mm_job *jb, int r0, int nr) {
     static _Thread_local act_key have;
     /* fp32 lanes and rows, or bf16 parts (AMX: 3 per input) */
     const size_t f32 = ((size_t)(Q3_BC_TOKENS_MAX + 8) * Q3_LANE_KMAX + 16 * 16) * sizeof(float),
-                 parts = (size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX * 2 * (size_t)g_k->tile_parts;
+                 parts = (size_t)Q3_BC_TOKENS_MAX * Q3_LANE_KMAX * 2 * (size_t)kt()->tile_parts;
     float *ap = q3_scratch(Q3_SCR_BC_ACT, f32 > parts ? f32 : parts);
     float *wbuf = q3_scratch(Q3_SCR_BC_W, (size_t)Q3_NR * (Q3_LANE_KMAX + 16) * sizeof *wbuf);
-    if (act_stale(&have, jb)) g_k->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, jb->W->dtype);
-    g_k->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
+    if (act_stale(&have, jb)) kt()->bc_pack_act(ap, jb->x, jb->ldx, jb->T, jb->W->cols, jb->W->dtype);
+    kt()->gemm_bc(jb->out + r0, jb->ldo, ap, jb->T, jb->W, r0, r0 + nr, wbuf);
 }
 
 /* The broadcast GEMM takes this job's products. */
 static int bc_takes(const q3_mm_job *jb) {
-    return jb->T <= lane_most() && (jb->T >= g_k->bc_min_t || q3_dtype_is_mx(jb->W->dtype)) && bc_shape_ok(jb->W);
+    return jb->T <= lane_most() && (jb->T >= kt()->bc_min_t || q3_dtype_is_mx(jb->W->dtype)) && bc_shape_ok(jb->W);
 }
 
 /* Several tokens on BF16P weights where the broadcast GEMM does not take
@@ -392,7 +259,7 @@ static void run_bf16p_unpacked(const q3_mm_job *jb, int r0, int nr) {
     uint16_t *buf = q3_scratch(Q3_SCR_BF16P, (size_t)BF16P_ROWS * (size_t)K * sizeof *buf);
     for (int q = r0; q < r0 + nr; q += BF16P_ROWS) {
         const int n = r0 + nr - q < BF16P_ROWS ? r0 + nr - q : BF16P_ROWS;
-        if (g_isa >= Q3_ISA_AVX2) q3_bf16p_unpack_rows_avx2(buf, (size_t)K, W, q, n);
+        if (q3_kernels_isa() >= Q3_ISA_AVX2) q3_bf16p_unpack_rows_avx2(buf, (size_t)K, W, q, n);
         else
             for (int r = 0; r < n; r++)
                 q3_bf16p_unpack_row(q3_mat_rows(W, q + r, 1).data, (size_t)K, W->scales, W->side_groups, buf + (size_t)r * K);
@@ -416,22 +283,22 @@ static int other_kernel(const q3_mm_job *jb, int r0, int nr, int run) {
     if (W->dtype == Q3_BF16P && jb->T > 1 && !bc_takes(jb)) TAKE(run_bf16p_unpacked(jb, r0, nr));
     const prep_gemv pg = prepared_gemv(W, jb->T); /* a GEMV on an input copy applies (one token or a few) */
     if (jb->T == 1 && pg != PG_NONE) TAKE(run_gemv_prepared(jb, r0, nr, pg));
-    if (pg == PG_A8 && jb->T <= g_k->a8_tokens_t && tokens_ok(W, pg)) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
+    if (pg == PG_A8 && jb->T <= kt()->a8_tokens_t && tokens_ok(W, pg)) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
     if (a8_gemm_ok(jb) && (!run || run_gemm_a8(jb, r0, nr))) return 1;
-    if (jb->T == 1) TAKE(g_k->gemv(jb->out + r0, jb->x, W, r0, r0 + nr));
+    if (jb->T == 1) TAKE(kt()->gemv(jb->out + r0, jb->x, W, r0, r0 + nr));
     if (gemm_i8_ok(jb)) TAKE(run_gemm_i8(jb, r0, nr));
     /* The tokens GEMV takes products up to tokens_t (MXFP8 ones had run slower there in the model
      * than in the broadcast GEMM while their products were subnormals: q3_mx_prep_copy). */
-    const int most = !tokens_ok(W, pg) ? (pg == PG_I8 ? g_k->i8_gemv_t : g_k->mx_gemv_t)
-                     : pg == PG_A8      ? g_k->a8_tokens_t
-                                        : g_k->tokens_t;
+    const int most = !tokens_ok(W, pg) ? (pg == PG_I8 ? kt()->i8_gemv_t : kt()->mx_gemv_t)
+                     : pg == PG_A8      ? kt()->a8_tokens_t
+                                        : kt()->tokens_t;
     if (jb->T <= most && jb->T <= MX_GEMV_TOKENS && pg != PG_NONE) TAKE(run_gemv_mx_tokens(jb, r0, nr, pg));
     /* weight-only MX on the tiles; rows whose scales do not fold go on to the broadcast GEMM */
     if (wo_gemm_ok(jb) && (!run || run_gemm_wo(jb, r0, nr))) return 1;
     if (bc_takes(jb)) TAKE(run_gemm_bc(jb, r0, nr));
-    if (jb->T <= g_k->small_t && g_k->gemm_small && q3_dtype_is_plain(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 &&
+    if (jb->T <= kt()->small_t && kt()->gemm_small && q3_dtype_is_plain(W->dtype) && cs_of(W) == 1 && W->cols % 16 == 0 &&
         nr % 2 == 0)
-        TAKE(g_k->gemm_small(jb->out, jb->ldo, jb->x, jb->ldx, jb->T, W, r0, r0 + nr));
+        TAKE(kt()->gemm_small(jb->out, jb->ldo, jb->x, jb->ldx, jb->T, W, r0, r0 + nr));
 #undef TAKE
     return 0;
 }
@@ -462,17 +329,17 @@ static void pack_tile(float *tiles, const q3_mm_job *jb, int mr, int t0) {
 static void run_panel(const q3_mm_job *jb, const float *tiles, int r0) {
     static _Thread_local float Bp[Q3_KC * Q3_NR] __attribute__((aligned(64)));
     const q3_mat *W = jb->W;
-    const int nr = W->rows - r0 < Q3_NR ? W->rows - r0 : Q3_NR, K = W->cols, mr = g_k->mr;
+    const int nr = W->rows - r0 < Q3_NR ? W->rows - r0 : Q3_NR, K = W->cols, mr = kt()->mr;
     if (other_kernel(jb, r0, nr, 1)) return;
     for (int k0 = 0; k0 < K; k0 += Q3_KC) {
         const int kc = K - k0 < Q3_KC ? K - k0 : Q3_KC;
-        if (g_k->pack && cs_of(W) == 1 && nr == Q3_NR && kc % 8 == 0) g_k->pack(Bp, W, r0, nr, k0, kc);
+        if (kt()->pack && cs_of(W) == 1 && nr == Q3_NR && kc % 8 == 0) kt()->pack(Bp, W, r0, nr, k0, kc);
         else q3_pack_panel(Bp, W, r0, nr, k0, kc);
         for (int t = 0; t < jb->T; t += mr) {
             const int mt = jb->T - t < mr ? jb->T - t : mr;
             float *c = jb->out + (size_t)t * jb->ldo + r0;
-            if (tiles) g_k->micro(tiles + (size_t)t * K + (size_t)k0 * mr, 1, (size_t)mr, Bp, kc, c, jb->ldo, mt, nr, k0 > 0);
-            else g_k->micro(jb->x + (size_t)t * jb->ldx + k0, jb->ldx, 1, Bp, kc, c, jb->ldo, mt, nr, k0 > 0);
+            if (tiles) kt()->micro(tiles + (size_t)t * K + (size_t)k0 * mr, 1, (size_t)mr, Bp, kc, c, jb->ldo, mt, nr, k0 > 0);
+            else kt()->micro(jb->x + (size_t)t * jb->ldx + k0, jb->ldx, 1, Bp, kc, c, jb->ldo, mt, nr, k0 > 0);
         }
     }
 }
@@ -523,7 +390,7 @@ static void run_glu(const q3_mm_job *jb, const float *tiles, int r0, int nr) {
  * (mx_panels). */
 static void run_job_panels(const q3_mm_job *jb, const float *tiles, int q0, int q1) {
     const int rows = jb->W->rows, r1 = q1 * Q3_NR < rows ? q1 * Q3_NR : rows;
-    if (g_k->mx_panels && q1 - q0 > 1 && (a8_gemm_ok(jb) || wo_gemm_ok(jb))) {
+    if (kt()->mx_panels && q1 - q0 > 1 && (a8_gemm_ok(jb) || wo_gemm_ok(jb))) {
         if (jb->up) run_glu(jb, tiles, q0 * Q3_NR, r1 - q0 * Q3_NR);
         else run_rows_any(jb, tiles, q0 * Q3_NR, r1 - q0 * Q3_NR);
         return;
@@ -676,10 +543,10 @@ static int lane_pass_tokens(const q3_mat *W) {
         const int fit = (int)((1u << 20) / (2u * (unsigned)W->cols)) / 16 * 16;
         return fit < Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < a8_most() ? fit : a8_most();
     }
-    if (!g_k->bc_max_t) return Q3_LANE_TOKENS;
+    if (!kt()->bc_max_t) return Q3_LANE_TOKENS;
     const int fit = (int)((1u << 20) / bc_token_bytes(W)) / 16 * 16;
-    if ((W->dtype == Q3_BF16 || W->dtype == Q3_BF16P || wo_takes(W)) && g_k->tile_parts) return fit < 16 ? 16 : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
-    return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < g_k->bc_max_t ? fit : g_k->bc_max_t;
+    if ((W->dtype == Q3_BF16 || W->dtype == Q3_BF16P || wo_takes(W)) && kt()->tile_parts) return fit < 16 ? 16 : fit < kt()->bc_max_t ? fit : kt()->bc_max_t;
+    return fit < 2 * Q3_LANE_TOKENS ? Q3_LANE_TOKENS : fit < kt()->bc_max_t ? fit : kt()->bc_max_t;
 }
 
 /* Products of more tokens than the tokens-in-lanes GEMMs take run as
@@ -693,7 +560,7 @@ static int lane_pass_tokens(const q3_mat *W) {
 static int run_lane_chunked(const q3_mm_job *jobs, int n) {
     enum { MAX_JOBS = 512 };
     int npass = 0, share[MAX_JOBS];
-    if (n > MAX_JOBS || !g_k->lane_split) return 0;
+    if (n > MAX_JOBS || !kt()->lane_split) return 0;
     for (int j = 0; j < n; j++) {
         if (!a8_gemm_takes(jobs[j].W) && !bc_shape_ok(jobs[j].W)) return 0;
         const int lim = lane_pass_tokens(jobs[j].W), np = (jobs[j].T + lim - 1) / lim;
@@ -760,7 +627,7 @@ static size_t g_tiles_cap;
 /* Tiles [t0, t1) of the pass's flattened list (job by job, first[j] the
  * first tile of job j, first[n] the count). */
 static void pack_tiles(const q3_mm_job *jobs, float *const *tiles, const int *first, int t0, int t1) {
-    const int mr = g_k->mr;
+    const int mr = kt()->mr;
     for (int i = t0, j = 0; i < t1; i++) {
         while (i >= first[j + 1]) j++;
         pack_tile(tiles[j], &jobs[j], mr, (i - first[j]) * mr);
@@ -773,7 +640,7 @@ enum { MAX_PACKED_JOBS = 512 };
  * not packed), first[j] its first tile in the flattened list. Returns the
  * tile count (0 for passes of more than MAX_PACKED_JOBS jobs: none packed). */
 static int plan_tiles(const q3_mm_job *jobs, int n, float **tiles, int *first) {
-    const int mr = g_k->mr;
+    const int mr = kt()->mr;
     first[0] = 0;
     if (n > MAX_PACKED_JOBS) return 0;
     size_t need = 0;
@@ -842,11 +709,6 @@ static void run_pass(const q3_mm_job *jobs, int n) {
         if (steal) run_stealing(jobs, omp_get_thread_num(), nt);
         else run_chunks(jobs, tiles, npanels, chunk, guided, &next);
     }
-}
-
-const q3_isa_kernels *q3_kernels_table(void) {
-    q3_kernels_init();
-    return g_k;
 }
 
 void q3_matmul(float *out, const float *x, int T, const q3_mat *W) {

@@ -43,7 +43,7 @@ static inline size_t q3_pf_scales(size_t nb) {
 }
 
 /* Which cache the GEMVs' prefetches fill: L2 (PREFETCHT1) where set, else
- * L1 (PREFETCHT0). Set once by q3_kernels_init (matmul.c), before any
+ * L1 (PREFETCHT0). Set once by q3_kernels_init (isa_select.c), before any
  * kernel runs: L2 on Intel CPUs, L1 on others, Q3MOE_PREFETCH_TO=l1|l2
  * decides instead. On the AMX Xeon of BENCHMARKS.md, decode steps of
  * q30b8 alternating between the two ran W4A8 3-11 %, BF16 7-18 %, w4a8i

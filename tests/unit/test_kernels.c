@@ -412,7 +412,7 @@ static void check_mx_a8(q3_dtype dt, int T, int M, int K, q3_dtype act, int extr
  * CPU or the OS has no AMX tiles; what, to say when skipped. */
 static const q3_isa_kernels *amx_table(const char *what) {
     q3_kernels_force(Q3_ISA_AMX);
-    if (q3_kernels_isa() == Q3_ISA_AMX) return q3_kernels_table();
+    if (q3_kernels_isa() == Q3_ISA_AMX) return q3_isa_current();
     if (what) printf("  (no AMX on this CPU: the %s skipped)\n", what);
     q3_kernels_force(Q3_ISA_COUNT - 1);
     return NULL;
@@ -586,7 +586,7 @@ static void test_amx_chunked_panels(void) {
  * short last one, 1 to 8 token blocks, inputs with zero and tiny blocks. */
 static void test_amx_i8_matches_vnni(void) {
     q3_kernels_force(Q3_ISA_AVX512);
-    const q3_isa_kernels kv = *q3_kernels_table();
+    const q3_isa_kernels kv = *q3_isa_current();
     const int have_vnni = q3_kernels_isa() == Q3_ISA_AVX512 && kv.gemm_i8;
     const q3_isa_kernels *ka = amx_table(NULL);
     if (!ka) return;
@@ -662,7 +662,7 @@ static void test_mx_tokens_match_gemv(void) {
                 q3_kernels_force((q3_isa)isa);
                 if ((int)q3_kernels_isa() != isa) continue;
                 /* Past the per-token GEMVs (and below the integer GEMM's 7 tokens), only the one-pass kernels promise equality. */
-                const q3_isa_kernels *kt = q3_kernels_table();
+                const q3_isa_kernels *kt = q3_isa_current();
                 const int i8 = acts[ai] == Q3_MXINT8;
                 int tmax; /* (MXINT8 inputs, MXFP4 weights: the integer kernels, never the A8 GEMM) */
                 /* an A8 GEMV for one token only (AVX2): more tokens take the fp32 copies' tokens GEMV,
