@@ -113,6 +113,32 @@ def test_two_ranks_match_plan(name, model, tmp_path):
             assert got[kind] == pytest.approx(want[kind]), f"prefill {kind}: measured {got[kind]}, plan {want[kind]}"
 
 
+def test_two_ranks_alltoall_match_plan(model, tmp_path):
+    """AlltoAll EP: decode (tokens replicated, shared out over the EP ranks) and SP prefill run the
+    collectives plan predicts, call for call; every byte count but the alltoallv rows (which follow
+    the routing; plan gives uniform routing's expectation) is exact."""
+    y = tmp_path / "run.yaml"
+    y.write_text(f"model_path: {model}\nparallel_config:\n  attn_tp_size: 2\n  moe_ep_size: 2\n  lmhead_tp_size: 2\n"
+                 "  moe_ep_comm: alltoall\n")
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.fail("mpirun not found: install OpenMPI (tools/setup.sh does it)")
+    r, _, _ = bench(model, tmp_path, [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", 2], ["--config", y])
+    plan_out = tmp_path / "plan.json"
+    run([Q3MOE, "plan", "--ranks", 2, "--config", y, "--prompt", P_LEN, "--json", plan_out, "--force"])
+    plan = json.loads(plan_out.read_text())
+    assert plan["plan"]["moe_ep_comm"] == "alltoall"
+    for phase, got in (("decode", r["comm_stats"]["decode"]), ("prefill", r["comm_stats"]["prefill"][0])):
+        got, want = measured(got), predicted(plan, phase)
+        assert set(got) == set(want) and "alltoallv" in want, (phase, got, want)
+        for kind in want:
+            assert got[kind][0] == pytest.approx(want[kind][0]), f"{phase} {kind} calls: {got[kind]}, plan {want[kind]}"
+            if kind == "alltoallv":
+                assert 0.5 * want[kind][1] <= got[kind][1] <= 1.5 * want[kind][1], f"{phase}: {got[kind]}, plan {want[kind]}"
+            else:
+                assert got[kind][1] == pytest.approx(want[kind][1]), f"{phase} {kind}: {got[kind]}, plan {want[kind]}"
+
+
 @pytest.mark.parametrize("comm", ["allgather", "alltoall"])
 def test_two_ranks_count_expert_reads(comm, model, tmp_path):
     """Every decode token reads top_k experts per layer, however the experts

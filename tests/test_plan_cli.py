@@ -113,6 +113,16 @@ def test_plan_reads_a_q3m(work):
     from_dir = plan_json(["plan", "-m", ck, "--ranks", "2", "--quant", "w4a8"], work)
     assert from_file["quant"] == "w4a8" and from_file == from_dir
     assert plan_json(["plan", "-m", q, "--ranks", "2", "--quant", "bf16"], work)["quant"] == "bf16"
+    # a scheme of its own: planned with the file's dtypes (attention as stored: between w4a8 and bf16)
+    mixed = work / "mixed.q3m"
+    subprocess.run([Q3MOE, "convert", "-m", ck, "-o", mixed, "--quant", "w4a8", "--attn", "bf16", "-q"], check=True,
+                   capture_output=True, timeout=TIMEOUT_S)
+    own = plan_json(["plan", "-m", mixed, "--ranks", "2"], work)
+    bf16 = plan_json(["plan", "-m", ck, "--ranks", "2"], work)
+    assert "attn as stored" in own["quant"], own["quant"]
+    w = lambda j: j["weights_bytes_per_rank"]
+    assert w(from_file) < w(own) < w(bf16), (w(from_file), w(own), w(bf16))
+    assert w(plan_json(["plan", "-m", ck, "--ranks", "2", "--quant", "bf16p"], work)) < w(bf16)
 
 def test_plan_prints_the_assignment(tiny):
     p = ok(["plan", "-m", tiny, "--ranks", "8"])

@@ -14,13 +14,16 @@
  *   decode (one token, replicated on every rank)
  *     attention, dense MLP   allreduce_sum  attn_tp  H fp32
  *     MoE                    allreduce_sum  world    H fp32 (every rank
- *                            holds a share of the token's experts)
+ *                            holds a share of the token's experts); with
+ *                            moe_ep_comm alltoall, moe_alltoall_rows (two
+ *                            alltoallv over moe_ep, expected bytes; the
+ *                            shares' moe_tp sum and allgather)
  *     lm_head                allgather      lmhead   the sampling candidates: K (id,
  *                            logit) pairs of 8 bytes for top-k K (1 when greedy;
  *                            q3_sampler_cands_per_rank), or V/L fp32 logits when
  *                            --top-k 0 (top-k off: whole rows, as `logits` does)
  *   prefill, S tokens, without sequence parallelism: as decode with S
- *     rows, lm_head on the last token only.
+ *     rows (alltoall: S tokens shared), lm_head on the last token only.
  *   prefill with SP (attn_tp == moe_ep = A; s = ceil(S / A) rows per rank;
  *   forward.c and moe.c run exactly these)
  *     attention              allgather (s rows of H, comm_quant) attn_tp
@@ -51,6 +54,7 @@
 #include "parallel/plan.h"
 #include "sample/sampler.h"
 #include "io/q3m.h"
+#include "quant/convert.h"
 #include "model/model.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -70,10 +74,11 @@ static void usage(FILE *f) {
             "                         comm_quant}\n");
     q3_plan_flags_help(f);
     fprintf(f,
-            "  --quant SCHEME         weight storage: bf16 (the default for a directory), w8a8,\n"
-            "                         w4a8, w8a8i, w4a8i, w8, w4 (w4*: experts/MLP MXFP4;\n"
+            "  --quant SCHEME         weight storage: bf16 (the default for a directory), bf16p,\n"
+            "                         w8a8, w4a8, w8a8i, w4a8i, w8, w4 (w4*: experts/MLP MXFP4;\n"
             "                         attention MXFP8 except w4, MXINT8 in the i schemes: the\n"
-            "                         same bytes)\n"
+            "                         same bytes; bf16p: all but the embeddings in 12.5 bits);\n"
+            "                         a .q3m's default is its own scheme\n"
             "  --prompt P             prompt length in tokens (default 512); decode is timed at\n"
             "                         context P\n"
             "  --membw-gbps M         memory read bandwidth per rank, GB/s (default 100)\n"
@@ -106,16 +111,18 @@ typedef struct {
     const char *name;
     double attn, ffn;   /* bytes per weight element */
     int mx;             /* ffn weights MX-quantized */
+    double head;        /* lm_head bytes per element where not tied to the embeddings (0: OTHER_B) */
 } scheme;
 
 #define MXFP8_B (33.0 / 32.0)   /* one byte + one E8M0 scale per 32 */
 #define MXFP4_B (17.0 / 32.0)   /* half a byte + one scale per 32 */
+#define BF16P_B (12.5 / 8.0)    /* 12.5 bits, its few raw groups aside */
 static const scheme schemes[] = {
-    {"bf16", 2, 2, 0},           {"w8a8", MXFP8_B, MXFP8_B, 1}, {"w4a8", MXFP8_B, MXFP4_B, 1},
-    {"w8a8i", MXFP8_B, MXFP8_B, 1}, {"w4a8i", MXFP8_B, MXFP4_B, 1}, /* MXINT8: 1 byte + scale, as MXFP8 */
-    {"w8", MXFP8_B, MXFP8_B, 1}, {"w4", MXFP4_B, MXFP4_B, 1},
+    {"bf16", 2, 2, 0, 0},           {"w8a8", MXFP8_B, MXFP8_B, 1, 0}, {"w4a8", MXFP8_B, MXFP4_B, 1, 0},
+    {"w8a8i", MXFP8_B, MXFP8_B, 1, 0}, {"w4a8i", MXFP8_B, MXFP4_B, 1, 0}, /* MXINT8: 1 byte + scale, as MXFP8 */
+    {"w8", MXFP8_B, MXFP8_B, 1, 0}, {"w4", MXFP4_B, MXFP4_B, 1, 0},    {"bf16p", BF16P_B, BF16P_B, 0, BF16P_B},
 };
-#define OTHER_B 2.0   /* embeddings, norms, router, lm_head: BF16 */
+#define OTHER_B 2.0   /* embeddings, norms, router, lm_head (unless the scheme says): BF16 */
 #define ACT_B 4u      /* fp32 activations */
 #define KV_B 4.0      /* fp32 KV cache */
 
@@ -141,20 +148,24 @@ typedef struct {
     double link_Bps, lat_s, membw_Bps, flops_ps;
 } machine;
 
-static void add_comm(phase_model *m, const machine *mc, const char *phase, const char *where, q3_coll kind,
-                     const char *group, int gsize, double calls, uint64_t bytes, int is_root) {
+/* A row of calls whose link bytes per call are sent / recv. */
+static void add_comm_bytes(phase_model *m, const machine *mc, const char *phase, const char *where, q3_coll kind,
+                           const char *group, int gsize, double calls, uint64_t sent, uint64_t recv) {
     if (gsize <= 1 || calls <= 0 || m->n_rows == MAX_ROWS) return;
     comm_row *r = &m->rows[m->n_rows++];
-    r->phase = phase;
-    r->where = where;
-    r->group = group;
-    r->kind = kind;
-    r->gsize = gsize;
-    r->calls = calls;
-    q3_comm_payload(kind, gsize, bytes, is_root, &r->sent, &r->recv);
-    double b = (double)(r->sent > r->recv ? r->sent : r->recv);
+    *r = (comm_row){.phase = phase, .where = where, .group = group, .kind = kind, .gsize = gsize, .calls = calls,
+                    .sent = sent, .recv = recv};
+    const double b = (double)(sent > recv ? sent : recv);
     r->ms = calls * (b / mc->link_Bps + mc->lat_s) * 1e3;
     m->comm_ms += r->ms;
+}
+
+/* A row of calls of `bytes` each, in the comm layer's convention (q3_comm_payload). */
+static void add_comm(phase_model *m, const machine *mc, const char *phase, const char *where, q3_coll kind,
+                     const char *group, int gsize, double calls, uint64_t bytes, int is_root) {
+    uint64_t sent, recv;
+    q3_comm_payload(kind, gsize, bytes, is_root, &sent, &recv);
+    add_comm_bytes(m, mc, phase, where, kind, group, gsize, calls, sent, recv);
 }
 
 static void finish(phase_model *m, const machine *mc) {
@@ -187,6 +198,27 @@ typedef struct {
     double weights, kv;   /* bytes held per rank: weights, KV cache at the prompt's length */
 } resident;
 
+/* AlltoAll EP with the T tokens on every rank (decode, and prefill without
+ * SP; moe.c's moe_forward_alltoall), as rank 0 counts it: the EP ranks take
+ * shares of the tokens (rank i: [i T / ep, (i + 1) T / ep)), send each
+ * pair's row to its expert's rank and get the outputs back (alltoallv:
+ * rows to peers only; uniform routing: a pair's expert is on a given rank
+ * 1 / ep of the time, so these are expected bytes), sum the moe_tp
+ * partials of their share, and allgather the shares (ceil(T / ep) rows
+ * each). */
+static void moe_alltoall_rows(phase_model *m, const machine *mc, const char *phase, const q3_plan *p, long T, int layers) {
+    const int E = p->moe_ep_size, Hn = p->hidden;
+    const double own = (double)(T / E), others = (double)T - own, pairs_out = own * p->top_k * (E - 1) / E,
+                 pairs_in = others * p->top_k / E;
+    const uint64_t row_in = wire_row(p, Hn, Hn), row_out = (uint64_t)Hn * ACT_B;
+    add_comm_bytes(m, mc, phase, "MoE dispatch", Q3_COLL_ALLTOALLV, "moe_ep", E, layers, (uint64_t)llround(pairs_out * row_in),
+                   (uint64_t)llround(pairs_in * row_in));
+    add_comm_bytes(m, mc, phase, "MoE combine", Q3_COLL_ALLTOALLV, "moe_ep", E, layers, (uint64_t)llround(pairs_in * row_out),
+                   (uint64_t)llround(pairs_out * row_out));
+    if (own > 0) add_comm(m, mc, phase, "MoE tp sum", Q3_COLL_ALLREDUCE, "moe_tp", p->moe_tp_size, layers, (uint64_t)own * row_out, 0);
+    add_comm(m, mc, phase, "MoE shares", Q3_COLL_ALLGATHER, "moe_ep", E, layers, (uint64_t)((T + E - 1) / E) * row_out, 0);
+}
+
 static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long S, long top_k, const machine *mc,
                     phase_model *dec, phase_model *pre, ep_alt *alt, double *hit_out, resident *res) {
     int W = p->world_size, A = p->attn_tp_size, E = p->moe_ep_size, T = p->moe_tp_size, L = p->lmhead_tp_size;
@@ -203,13 +235,14 @@ static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long
     double expert_elems = p->is_moe ? 3.0 * (p->moe_intermediate / T) * H : 0;
     double dense_elems = n_dense ? 3.0 * (p->intermediate / A) * H : 0;
     double router_bytes = n_sparse * N * H * OTHER_B;
-    double lm_bytes = (V / L) * H * OTHER_B + H * OTHER_B;         /* lm_head slice, final norm */
+    const double head_b = c->tie_word_embeddings || sc->head == 0 ? OTHER_B : sc->head;
+    double lm_bytes = (V / L) * H * head_b + H * OTHER_B;          /* lm_head slice, final norm */
     double per_tok_experts = p->is_moe ? K / E : 0;                /* expected local experts per token */
     double hit = p->is_moe ? (N / E) * (1 - pow(1 - K / N, Sd)) : 0;
     *hit_out = hit;
     res->weights = attn_bytes + router_bytes + n_sparse * (N / E) * expert_elems * sc->ffn +
                    n_dense * dense_elems * sc->ffn + V * H * OTHER_B + H * OTHER_B +
-                   (c->tie_word_embeddings ? 0 : (V / L) * H * OTHER_B);
+                   (c->tie_word_embeddings ? 0 : (V / L) * H * head_b);
     res->kv = layers * 2 * KVr * D * Sd * KV_B;
 
     memset(dec, 0, sizeof *dec);
@@ -235,6 +268,7 @@ static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long
                       n_dense * dense_elems * Sd + (V / L) * H) + layers * 2 * Qr * D * Sd * Sd;
 
     uint64_t hb = (uint64_t)p->hidden * ACT_B, logits = (uint64_t)(p->vocab / L) * ACT_B;
+    const int a2a = p->is_moe && E > 1 && p->ep_comm == Q3_EP_COMM_ALLTOALL;
     /* The sampled token's lm_head gather: candidates, or whole rows (the
      * rule generate applies, sample/sampler.h). */
     q3_sampler_params smp;
@@ -245,7 +279,8 @@ static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long
     if (cands) logits = (uint64_t)cands * sizeof(q3_sample_cand);
     add_comm(dec, mc, "decode", "attention", Q3_COLL_ALLREDUCE, "attn_tp", A, layers, hb, 0);
     add_comm(dec, mc, "decode", "dense MLP", Q3_COLL_ALLREDUCE, "attn_tp", A, n_dense, hb, 0);
-    add_comm(dec, mc, "decode", "MoE", Q3_COLL_ALLREDUCE, "world", W, n_sparse, hb, 0);
+    if (a2a) moe_alltoall_rows(dec, mc, "decode", p, 1, n_sparse);
+    else add_comm(dec, mc, "decode", "MoE", Q3_COLL_ALLREDUCE, "world", W, n_sparse, hb, 0);
     add_comm(dec, mc, "decode", "lm_head", Q3_COLL_ALLGATHER, "lmhead", L, 1, logits, 0);
 
     memset(alt, 0, sizeof *alt);
@@ -253,7 +288,8 @@ static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long
         uint64_t Sb = (uint64_t)S * hb;
         add_comm(pre, mc, "prefill", "attention", Q3_COLL_ALLREDUCE, "attn_tp", A, layers, Sb, 0);
         add_comm(pre, mc, "prefill", "dense MLP", Q3_COLL_ALLREDUCE, "attn_tp", A, n_dense, Sb, 0);
-        add_comm(pre, mc, "prefill", "MoE", Q3_COLL_ALLREDUCE, "world", W, n_sparse, Sb, 0);
+        if (a2a) moe_alltoall_rows(pre, mc, "prefill", p, S, n_sparse);
+        else add_comm(pre, mc, "prefill", "MoE", Q3_COLL_ALLREDUCE, "world", W, n_sparse, Sb, 0);
     } else {
         const int Hn = p->hidden, QDr = p->num_heads / A * p->head_dim, K2 = 2 * p->top_k;
         uint64_t in = s_rows * wire_row(p, Hn, Hn), out = s_rows * hb;
@@ -273,8 +309,10 @@ static void predict(const q3_plan *p, const q3_config *c, const scheme *sc, long
         }
         if (p->ep_comm == Q3_EP_COMM_ALLTOALL) {
             add_comm(pre, mc, "prefill", "MoE counts", Q3_COLL_ALLTOALL, "moe_ep", E, n_sparse, counts, 0);
-            add_comm(pre, mc, "prefill", "MoE dispatch", Q3_COLL_ALLTOALL, "moe_ep", E, n_sparse, rows * wire_row(p, Hn, Hn), 0);
-            add_comm(pre, mc, "prefill", "MoE combine", Q3_COLL_ALLTOALL, "moe_ep", E, n_sparse, rows * hb, 0);
+            /* (alltoallv in the engine: rows per peer as uniform routing has them) */
+            const uint64_t disp = sent_of(Q3_COLL_ALLTOALL, E, rows * wire_row(p, Hn, Hn)), comb = sent_of(Q3_COLL_ALLTOALL, E, rows * hb);
+            add_comm_bytes(pre, mc, "prefill", "MoE dispatch", Q3_COLL_ALLTOALLV, "moe_ep", E, n_sparse, disp, disp);
+            add_comm_bytes(pre, mc, "prefill", "MoE combine", Q3_COLL_ALLTOALLV, "moe_ep", E, n_sparse, comb, comb);
         } else {
             add_comm(pre, mc, "prefill", "MoE in", Q3_COLL_ALLGATHER, "moe_ep", E, n_sparse, moe_in, 0);
             add_comm(pre, mc, "prefill", "MoE out", Q3_COLL_REDUCE_SCATTER, "moe_ep", E, n_sparse, out, 0);
@@ -390,17 +428,28 @@ static int write_json(const char *path, int force, const q3_plan *p, const char 
 
 /* ------------------------------------------------------------ command */
 
-/* The scheme name a .q3m's weights match (its FFN dtype and activations;
- * the estimate takes attention as that scheme stores it). */
-static const char *q3m_scheme_name(const char *path) {
+/* Bytes per element of a weight stored as t (BF16 as stored: the plan's BF16). */
+static double stored_bytes(q3_dtype t) {
+    return t == Q3_MXFP4 ? MXFP4_B : q3_dtype_is_mx(t) ? MXFP8_B : t == Q3_BF16P ? BF16P_B : t == Q3_F32 ? 4.0 : 2.0;
+}
+
+/* The scheme of a .q3m's weights: a named one where the file's is exactly
+ * that, else the file's own (name: its description, in buf). */
+static int q3m_plan_scheme(const char *path, scheme *out, char *buf, unsigned cap) {
     q3m_file f;
-    if (q3m_open(&f, path)) return NULL;
+    if (q3m_open(&f, path)) return -1;
     const q3_quant_scheme q = f.scheme;
     q3m_close(&f);
-    const int i8 = q.act == Q3_MXINT8, a8 = q.act == Q3_MXFP8 || i8;
-    if (q.ffn == Q3_MXFP4) return a8 ? (i8 ? "w4a8i" : "w4a8") : "w4";
-    if (q.ffn == Q3_MXFP8 || q.ffn == Q3_MXINT8) return a8 ? (i8 ? "w8a8i" : "w8a8") : "w8";
-    return "bf16";
+    for (size_t k = 0; k < sizeof schemes / sizeof schemes[0]; k++) {
+        q3_quant_scheme named;
+        if (q3_scheme_from_name(schemes[k].name, &named) == 0 && !memcmp(&named, &q, sizeof q)) {
+            *out = schemes[k];
+            return 0;
+        }
+    }
+    *out = (scheme){q3_scheme_describe(&q, buf, cap), stored_bytes(q.attn), stored_bytes(q.ffn), q3_dtype_is_mx(q.ffn),
+                    q.head == Q3_BF16 ? 0 : stored_bytes(q.head)};
+    return 0;
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -459,7 +508,7 @@ int cmd_plan(int argc, char **argv) {
     const scheme *sc = NULL;
     for (size_t k = 0; quant && k < sizeof schemes / sizeof schemes[0]; k++)
         if (!strcmp(schemes[k].name, quant)) sc = &schemes[k];
-    if (quant && !sc) return fail(2, "--quant: unknown scheme '%s' (choose bf16, w8a8, w4a8, w8a8i, w4a8i, w8 or w4)", quant);
+    if (quant && !sc) return fail(2, "--quant: unknown scheme '%s' (choose bf16, bf16p, w8a8, w4a8, w8a8i, w4a8i, w8 or w4)", quant);
 
     q3_plan p;
     q3_plan_init(&p);
@@ -474,11 +523,12 @@ int cmd_plan(int argc, char **argv) {
 
     q3_config c;
     if (q3_model_load_config(&c, model)) return fail(1, "%s", q3_errmsg());
-    if (!quant) { /* a .q3m stores its scheme; a directory defaults to BF16 */
-        const char *name = q3_is_dir(model) ? "bf16" : q3m_scheme_name(model);
-        if (!name) return fail(1, "%s", q3_errmsg());
-        for (size_t k = 0; k < sizeof schemes / sizeof schemes[0]; k++)
-            if (!strcmp(schemes[k].name, name)) sc = &schemes[k];
+    scheme stored;
+    char stored_name[160];
+    if (!quant && q3_is_dir(model)) sc = &schemes[0]; /* a directory: BF16 unless --quant */
+    else if (!quant) { /* a .q3m: its own scheme */
+        if (q3m_plan_scheme(model, &stored, stored_name, sizeof stored_name)) return fail(1, "%s", q3_errmsg());
+        sc = &stored;
     }
     if (q3_plan_validate(&p, (int)ranks, &c, sc->mx)) return fail(1, "%s", q3_errmsg());
 
@@ -497,10 +547,11 @@ int cmd_plan(int argc, char **argv) {
             c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim);
     if (p.is_moe) fprintf(f, ", %d experts top-%d x %d", c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size);
     fprintf(f, ", vocab %d\n", c.vocab_size);
-    fprintf(f, "assumed: weights %s (embeddings, norms, router, lm_head BF16), fp32 activations and KV cache,\n"
+    fprintf(f, "assumed: weights %s (embeddings, norms, router%s BF16), fp32 activations and KV cache,\n"
                "         memory %g GB/s, link %g GB/s + %g us per collective%s, prompt %ld tokens,\n"
                "         sampling top-k %ld%s\n\n",
-            sc->name, membw, link, lat_us, gflops > 0 ? "" : ", memory-bound compute", prompt, top_k,
+            sc->name, sc->head && !c.tie_word_embeddings ? "" : ", lm_head", membw, link, lat_us,
+            gflops > 0 ? "" : ", memory-bound compute", prompt, top_k,
             top_k == 0 ? " (off: whole logits rows gathered)" : top_k == 1 ? " (greedy)" : "");
     q3_plan_print(f, &p);
 

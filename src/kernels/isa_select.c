@@ -112,13 +112,18 @@ static void init_once(void) {
     q3_avx512bf16_a8_kernels(&g_avx512bf16);
     g_amx = g_avx512bf16;
     q3_amx_kernels(&g_amx);
-    q3_isa isa = best_supported();
+    const q3_isa best = best_supported();
+    q3_isa isa = best;
     const char *env = getenv("Q3MOE_ISA");
-    if (env && !strcmp(env, "scalar")) isa = Q3_ISA_SCALAR;
-    else if (env && !strcmp(env, "avx2")) isa = Q3_ISA_AVX2;
-    else if (env && !strcmp(env, "avx512")) isa = Q3_ISA_AVX512;
-    else if (env && !strcmp(env, "avx512bf16")) isa = Q3_ISA_AVX512BF16;
-    else if (env && !strcmp(env, "amx")) isa = Q3_ISA_AMX;
+    if (env && *env) {
+        int i = 0;
+        while (i < Q3_ISA_COUNT && strcmp(env, q3_isa_name((q3_isa)i))) i++;
+        if (i == Q3_ISA_COUNT)
+            fprintf(stderr, "q3moe: ignoring Q3MOE_ISA=%s (expected scalar, avx2, avx512, avx512bf16 or amx)\n", env);
+        else if (i > (int)best)
+            fprintf(stderr, "q3moe: Q3MOE_ISA=%s: this CPU lacks it; using %s\n", env, q3_isa_name(best));
+        else isa = (q3_isa)i;
+    }
     set_isa(isa);
     for (int i = 0; i < Q3_ISA_COUNT; i++)
         snprintf(g_desc[i], sizeof g_desc[i], "%s%s%s%s", q3_isa_name((q3_isa)i), g_vnni && i >= Q3_ISA_AVX512 ? "+vnni" : "",
