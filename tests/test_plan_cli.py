@@ -122,7 +122,21 @@ def test_plan_reads_a_q3m(work):
     assert "attn as stored" in own["quant"], own["quant"]
     w = lambda j: j["weights_bytes_per_rank"]
     assert w(from_file) < w(own) < w(bf16), (w(from_file), w(own), w(bf16))
-    assert w(plan_json(["plan", "-m", ck, "--ranks", "2", "--quant", "bf16p"], work)) < w(bf16)
+    packed = plan_json(["plan", "-m", ck, "--ranks", "2", "--quant", "bf16p"], work)
+    assert w(packed) < w(bf16)
+    # a bf16p file (its lm_head packed too, which only its tensor shows) plans as bf16p
+    p_file = work / "p.q3m"
+    subprocess.run([Q3MOE, "convert", "-m", ck, "-o", p_file, "--quant", "bf16p", "-q"], check=True, capture_output=True,
+                   timeout=TIMEOUT_S)
+    assert plan_json(["plan", "-m", p_file, "--ranks", "2"], work) == packed
+    # MX attention alone brings the MX slicing rules (the engine's check)
+    hd = work / "hd16"
+    subprocess.run([Q3MOE, "synth", "-o", hd, "--preset", "tiny", "--layers", "1", "--head-dim", "16", "--vocab", "512",
+                    "--tokenizer", "none"], check=True, capture_output=True, timeout=TIMEOUT_S)
+    a8 = work / "hd16.q3m"
+    subprocess.run([Q3MOE, "convert", "-m", hd, "-o", a8, "--quant", "bf16", "--attn", "mxfp8", "-q"], check=True,
+                   capture_output=True, timeout=TIMEOUT_S)
+    fails(["plan", "-m", a8, "--ranks", "8"], "attn_tp_size", "multiple of 32")
 
 def test_plan_prints_the_assignment(tiny):
     p = ok(["plan", "-m", tiny, "--ranks", "8"])
@@ -159,6 +173,11 @@ def test_auto_ep_comm_choice(tiny, work):
     assert alt["alltoall_bytes_per_layer"] < alt["allgather_bytes_per_layer"], alt
     j = plan_json(["plan", "-m", tiny, "--ranks", "8", "--moe-ep-comm", "allgather"], work)
     assert j["plan"]["moe_ep_comm"] == "allgather" and "set by moe_ep_comm" in j["plan"]["moe_ep_comm_reason"]
+    # without SP prefill the tokens are replicated: auto keeps allgather (as the engine runs it)
+    j = plan_json(["plan", "-m", tiny, "--ranks", "8", "--attn-tp", "1"], work)
+    assert j["plan"]["sp_prefill"] is False and j["plan"]["moe_ep_comm"] == "allgather", j["plan"]
+    assert "replicated tokens" in j["plan"]["moe_ep_comm_reason"]
+    assert not any(r["collective"] == "alltoallv" for r in j["decode"]["comm"] + j["prefill"]["comm"])
 
 
 def test_no_sp_note(tiny):

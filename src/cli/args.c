@@ -56,8 +56,9 @@ int arg_id_list(const char *opt, const char *s, int32_t **ids, size_t *n) {
         char *end;
         errno = 0;
         long x = strtol(p, &end, 10);
+        const int digits = end != p;
         while (*end == ' ' || *end == '\t') end++; /* as strtol skips them before a number */
-        if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',') || (*end == ',' && !end[1])) {
+        if (errno || !digits || x < 0 || x > INT32_MAX || (*end && *end != ',') || (*end == ',' && !end[1])) {
             fprintf(stderr, "q3moe: error: %s: bad token id list at '%s' (expected e.g. 1,2,3)\n", opt, p);
             free(v);
             return -1;

@@ -135,8 +135,8 @@ int cmd_generate(int argc, char **argv) {
         if (rc) q3_err_prefix("prompt");
     } else if (!s.tok && !print_ids) {
         /* Without a tokenizer there is no text to print: the ids are the output. */
-        if (n_stops) rc = q3_err("--stop needs the checkpoint's tokenizer.json, which %s lacks", co.model_dir);
-        else if (po.rank == 0) fprintf(stderr, "[q3moe] %s has no tokenizer.json: printing the generated ids\n", co.model_dir);
+        if (n_stops) rc = q3_err("--stop matches generated text, which needs a tokenizer: %s", s.tok_why);
+        else if (po.rank == 0) fprintf(stderr, "[q3moe] %s: printing the generated ids\n", s.tok_why);
         print_ids = 1;
     }
     q3_sampler *smp = NULL;

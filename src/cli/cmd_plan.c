@@ -110,7 +110,7 @@ static int fail(int code, const char *fmt, ...) {
 typedef struct {
     const char *name;
     double attn, ffn;   /* bytes per weight element */
-    int mx;             /* ffn weights MX-quantized */
+    int mx;             /* MX-quantized weights (the slicing rules of q3_plan_validate) */
     double head;        /* lm_head bytes per element where not tied to the embeddings (0: OTHER_B) */
 } scheme;
 
@@ -438,7 +438,10 @@ static double stored_bytes(q3_dtype t) {
 static int q3m_plan_scheme(const char *path, scheme *out, char *buf, unsigned cap) {
     q3m_file f;
     if (q3m_open(&f, path)) return -1;
-    const q3_quant_scheme q = f.scheme;
+    q3_quant_scheme q = f.scheme;
+    /* (the header names the lm_head's type only when it is MX: a BF16P one shows in its tensor) */
+    const q3_st_tensor *head = q3_st_find(&f.st, "lm_head.weight");
+    if (head && head->dtype == Q3_BF16P) q.head = Q3_BF16P;
     q3m_close(&f);
     for (size_t k = 0; k < sizeof schemes / sizeof schemes[0]; k++) {
         q3_quant_scheme named;
@@ -447,8 +450,9 @@ static int q3m_plan_scheme(const char *path, scheme *out, char *buf, unsigned ca
             return 0;
         }
     }
-    *out = (scheme){q3_scheme_describe(&q, buf, cap), stored_bytes(q.attn), stored_bytes(q.ffn), q3_dtype_is_mx(q.ffn),
-                    q.head == Q3_BF16 ? 0 : stored_bytes(q.head)};
+    /* (MX weights anywhere bring the MX slicing rules, as the engine's check has them) */
+    *out = (scheme){q3_scheme_describe(&q, buf, cap), stored_bytes(q.attn), stored_bytes(q.ffn),
+                    q3_dtype_is_mx(q.ffn) || q3_dtype_is_mx(q.attn), q.head == Q3_BF16 ? 0 : stored_bytes(q.head)};
     return 0;
 }
 

@@ -142,17 +142,6 @@ int par_setup(par_opts *o, const char *cmd, const char **model_path, const char 
         if (o->rank == 0) fprintf(stderr, "q3moe %s: error: parallel plan: %s\n", cmd, q3_errmsg());
         return 1;
     }
-    q3_plan *p = &o->plan;
-    /* auto's pick of AlltoAll assumes tokens sharded over the EP group (SP
-     * prefill); with the prompt replicated on every rank the allreduce
-     * scheme moves less, so there AlltoAll runs only when asked for by name. */
-    if (p->ep_comm == Q3_EP_COMM_ALLTOALL && p->moe_ep_comm == Q3_EP_COMM_AUTO && !p->sp_prefill) {
-        char why[sizeof p->ep_comm_reason];
-        snprintf(why, sizeof why, "%s", p->ep_comm_reason);
-        p->ep_comm = Q3_EP_COMM_ALLGATHER;
-        snprintf(p->ep_comm_reason, sizeof p->ep_comm_reason,
-                 "replicated tokens (no sequence-parallel prefill): AlltoAll only when set by name; %.150s", why);
-    }
     if (o->rank == 0) q3_plan_print(stderr, &o->plan);   /* with the SP note when SP prefill is off */
     if (multi && *quant && resolve_quant_ranked(o, model_path, quant)) { /* every rank, as rank 0 failed */
         if (o->rank == 0) fprintf(stderr, "q3moe %s: error: %s\n", cmd, q3_errmsg());

@@ -38,15 +38,16 @@ int session_open_plan(q3_session *s, const char *dir, int ctx, int n_threads, in
         s->tok = pk ? q3_tok_load_buffer(pk->tokenizer_json, pk->tokenizer_len, tp) : q3_tok_load(tp);
         if (!s->tok) rc = -1;
         else if (q3_tok_n_ids(s->tok) > c->vocab_size) {
-            if (need_tokenizer)
-                rc = q3_err("%s produces ids up to %d but the model's vocab_size is %d", tp, q3_tok_n_ids(s->tok) - 1,
-                            c->vocab_size);
+            snprintf(s->tok_why, sizeof s->tok_why, "%s produces ids up to %d but the model's vocab_size is %d", tp,
+                     q3_tok_n_ids(s->tok) - 1, c->vocab_size);
+            if (need_tokenizer) rc = q3_err("%s", s->tok_why);
             q3_tok_free(s->tok);
             s->tok = NULL;
         }
-    } else if (need_tokenizer) {
-        rc = pk ? q3_err("%s has no embedded tokenizer.json (its checkpoint had none), which is needed to turn text into tokens (use --ids)", dir)
-                : q3_err("%s has no tokenizer.json, which is needed to turn text into tokens (use --ids)", dir);
+    } else {
+        snprintf(s->tok_why, sizeof s->tok_why, pk ? "%s has no embedded tokenizer.json (its checkpoint had none)" : "%s has no tokenizer.json",
+                 dir);
+        if (need_tokenizer) rc = q3_err("%s, which is needed to turn text into tokens (use --ids)", s->tok_why);
     }
     free(tp);
     if (rc == 0) rc = q3_state_init(&s->state, &s->model, ctx, 0);
@@ -133,7 +134,7 @@ int session_explain_nan(const q3_model *m, const char *logits_what) {
 }
 
 int session_encode_n(q3_session *s, const char *text, size_t len, int32_t **ids, size_t *n) {
-    if (!s->tok) return q3_err("%s has no usable tokenizer.json", s->model.dir);
+    if (!s->tok) return q3_err("%s", s->tok_why);
     return q3_tok_encode(s->tok, text, len, ids, n);
 }
 

@@ -15,7 +15,8 @@
 typedef struct {
     q3_model model;
     q3_state state;
-    q3_tokenizer *tok;   /* NULL when the checkpoint has no tokenizer.json */
+    q3_tokenizer *tok;   /* NULL when the checkpoint has no usable tokenizer.json */
+    char tok_why[512];   /* then why not (a message naming it) */
     float *logits;       /* [vocab_size], last row */
     int32_t eos_ids[4];  /* tokens that end a turn */
     int n_eos;

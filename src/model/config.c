@@ -3,6 +3,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "util/error.h"
@@ -63,19 +64,25 @@ static int refuse_unsupported(const char *path, json_t *root) {
 }
 
 /* "eos_token_id": absent or null (-1), a token id, or a non-empty list of
- * them (the first is kept: the tokenizer names the chat's end tokens). */
+ * them (the first is kept: the tokenizer names the chat's end tokens). An
+ * id past the vocabulary can never be sampled: it is ignored, with a note
+ * (synth wrote Qwen3's 151645 into small random vocabularies until
+ * 2026-12-08, and those checkpoints still load). */
 static int get_eos(const char *path, json_t *root, int vocab, int *out) {
     json_t *v = json_object_get(root, "eos_token_id");
     *out = -1;
     if (!v || json_is_null(v)) return 0;
     const size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (n == 0) return q3_err("%s: field \"eos_token_id\" is an empty list", path);
     for (size_t i = 0; i < n; i++) {
         json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= vocab)
-            return q3_err("%s: field \"eos_token_id\" must be a token id in [0, %d) or a non-empty list of them", path, vocab);
-        if (i == 0) *out = (int)json_integer_value(e);
+        if (!json_is_integer(e) || json_integer_value(e) < 0)
+            return q3_err("%s: field \"eos_token_id\" must be a token id or a non-empty list of them", path);
+        if (i == 0 && json_integer_value(e) < vocab) *out = (int)json_integer_value(e);
+        else if (i == 0)
+            fprintf(stderr, "q3moe: note: %s: eos_token_id %lld is past the vocabulary (%d tokens); ignored\n", path,
+                    (long long)json_integer_value(e), vocab);
     }
-    if (n == 0) return q3_err("%s: field \"eos_token_id\" is an empty list", path);
     return 0;
 }
 

@@ -356,6 +356,16 @@ int q3_plan_validate(q3_plan *p, int W, const q3_config *c, int mx_weights) {
                  "note: no sequence-parallel prefill: it needs attn_tp_size == moe_ep_size (here %d and %d); "
                  "prefill keeps the prompt replicated and allreduces after attention and MoE", A, E);
     }
+    /* auto's pick of AlltoAll assumes tokens sharded over the EP group (SP
+     * prefill); with the prompt replicated on every rank the allreduce
+     * scheme moves less, so there AlltoAll runs only when asked for by name. */
+    if (p->ep_comm == Q3_EP_COMM_ALLTOALL && p->moe_ep_comm == Q3_EP_COMM_AUTO && !p->sp_prefill) {
+        char why[sizeof p->ep_comm_reason];
+        snprintf(why, sizeof why, "%s", p->ep_comm_reason);
+        p->ep_comm = Q3_EP_COMM_ALLGATHER;
+        snprintf(p->ep_comm_reason, sizeof p->ep_comm_reason,
+                 "replicated tokens (no sequence-parallel prefill): AlltoAll only when set by name; %.150s", why);
+    }
     /* SP prefill sends each rank's attention output (its heads' columns) as
      * MXFP8 blocks of 32 along the row. */
     if (p->sp_prefill && p->comm_quant == Q3_COMM_QUANT_MXFP8 && ((long)(Q / A) * p->head_dim) % 32)
