@@ -529,6 +529,44 @@ def test_empty_output_path(cmd):
     expect_error([*cmd, "-o", ""], must=["-o", "empty"])
 
 
+def _small_files():
+    # writes past 64 KiB fail with EFBIG (SIGXFSZ ignored), as on a full disk
+    import resource
+    import signal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+
+
+@pytest.mark.parametrize("cmd", ["logits", "bench"])
+def test_failed_write_leaves_no_partial_file(tiny, work, cmd):
+    out = work / "out"
+    args = (["logits", "-m", tiny, "--ids", ",".join(["1"] * 100), "-o", out] if cmd == "logits" else
+            ["bench", "-m", tiny, "-p", "8", "-n", "2", "-r", "1", "--no-ttft", "--no-membw", "--json", out])
+    env = dict(os.environ)
+    env.update(SAN_ENV)
+    p = subprocess.run([Q3MOE] + [str(a) for a in args], capture_output=True, text=True, env=env, timeout=TIMEOUT_S,
+                       preexec_fn=_small_files if cmd == "logits" else None)
+    if cmd == "bench":  # the JSON is small: make its write fail another way, a full device behind a link
+        assert p.returncode == 0, p.stderr
+        out.unlink()
+        out.symlink_to("/dev/full")
+        p = subprocess.run([Q3MOE] + [str(a) for a in args] + ["--force"], capture_output=True, text=True, env=env,
+                           timeout=TIMEOUT_S)
+        assert p.returncode == 1 and "--json" in p.stderr and str(out) in p.stderr, p.stderr
+        assert os.path.exists("/dev/full") and out.is_symlink()  # the device is no partial file
+        return
+    assert p.returncode == 1 and "error writing" in p.stderr and str(out) in p.stderr, p.stderr
+    assert not out.exists(), "a partial logits file was left behind"
+
+
+def test_output_that_cannot_be_written_fails(tiny):
+    # stdout on a full device: the tokens never arrived, so the run failed
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([Q3MOE, "generate", "-m", tiny, "--ids", "1,2", "-n", "2", "--temp", "0"], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+    assert p.returncode == 1 and "writing the output failed" in p.stderr, p.stderr
+
+
 def test_convert_refuses_to_overwrite_its_input(tiny, work):
     d = work / "ck"
     shutil.copytree(tiny, d)

@@ -34,7 +34,7 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            # keep a shared 2-core machine usable: no busy-polling while waiting
            "OMPI_MCA_mpi_yield_when_idle": "1"}
 DRILL_VARS = ("Q3_COMM_CHECK_ABORT_RANK", "Q3_COMM_CHECK_EXIT_RANK", "Q3_COMM_CHECK_STALL_RANK",
-              "Q3MOE_COMM_TIMEOUT")
+              "Q3MOE_COMM_TIMEOUT", "Q3_COMM_CHECK_LONG_WAIT")
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +199,14 @@ def test_watchdog_aborts_a_stuck_collective(comm_check):
         shown(rc, out, err)
     assert "Q3MOE_COMM_TIMEOUT=2" in text, shown(rc, out, err)
     assert secs < 30, f"watchdog took {secs:.1f} s for a 2 s timeout"
+
+
+def test_unwatched_wait_outlasts_the_timeout(comm_check):
+    """A wait the caller marks as long (q3_comm_watch(0): the ranks waiting while rank 0 converts
+    --quant's cache) goes on past Q3MOE_COMM_TIMEOUT; the collectives after it are watched again."""
+    rc, out, err, secs = run_job(comm_check, 2, {"Q3_COMM_CHECK_LONG_WAIT": "3", "Q3MOE_COMM_TIMEOUT": "1"})
+    assert rc == 0 and "CHECKS" in out, shown(rc, out, err)
+    assert "comm timeout" not in err and secs >= 3, shown(rc, out, err)
 
 
 def test_bad_timeout_setting_is_refused(comm_check):

@@ -315,6 +315,20 @@ def test_bad_plan_refused_before_weights(name, config_only, tmp_path):
     assert not (tmp_path / "x.bin").exists()
 
 
+@pytest.mark.parametrize("args,said", [(["--ids", "1,2,x"], "bad token id list"), (["--ids", "1", "-n", "abc"], "not an integer"),
+                                       (["--ids", "1", "--bogus"], "unknown argument")])
+def test_argument_errors_said_once(models, args, said):
+    """Every rank parses the same arguments: rank 0 alone reports a bad one."""
+    _, paths = models
+    rc, _, err = run(mpi(2, ["generate", "-m", paths["moe"], "-t", 1] + args), ok=False)
+    assert rc != 0 and err.count(said) == 1, err[-3000:]
+
+
+def test_membw_alone_is_one_rank(tmp_path):
+    rc, _, err = run(mpi(2, ["bench", "--membw", "--membw-mb", 8, "-t", 1]), ok=False)
+    assert rc != 0 and err.count("--membw alone measures this machine on one rank") == 1, err[-3000:]
+
+
 def test_single_rank_command_refused_on_many(models, tmp_path):
     _, paths = models
     rc, _, err = run(mpi(2, ["tokenize", "-m", paths["moe"], "--decode", "--ids", "1"]), ok=False)
@@ -522,7 +536,8 @@ def test_hugepages_left_to_one_process(models, tmp_path):
 def test_quant_cache_filled_once_across_ranks(models, tmp_path, monkeypatch):
     """-m DIR --quant on 2 ranks: rank 0 converts into the cache while the other waits (one
     conversion, one cached file), the ranks run the cached file as they run the same scheme's
-    .q3m, and a second job says it uses the cache, once."""
+    .q3m, and a second job says it uses the cache, once. (The wait is not watched by the
+    collectives' timeout: test_comm.py's test_unwatched_wait_outlasts_the_timeout.)"""
     _, paths = models
     monkeypatch.setenv("Q3MOE_CACHE_DIR", str(tmp_path / "cache"))
     q = tmp_path / "w4a8.q3m"

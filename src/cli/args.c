@@ -2,15 +2,29 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/comm.h"
 #include "util/error.h"
+
+/* An argument error, said once: every rank of an MPI job parses the same
+ * arguments, so only rank 0 speaks. */
+static void arg_err(const char *fmt, ...) Q3_PRINTF(1, 2);
+static void arg_err(const char *fmt, ...) {
+    const q3_group *w = q3_comm_world();
+    if (w && q3_group_rank(w) != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
 
 const char *arg_value(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
-        fprintf(stderr, "q3moe: error: option %s needs a value\n", argv[*i]);
+        arg_err("q3moe: error: option %s needs a value\n", argv[*i]);
         return NULL;
     }
     return argv[++*i];
@@ -21,11 +35,11 @@ int arg_int(const char *opt, const char *s, long lo, long hi, long *out) {
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end) {
-        fprintf(stderr, "q3moe: error: %s: '%s' is not an integer\n", opt, s);
+        arg_err("q3moe: error: %s: '%s' is not an integer\n", opt, s);
         return -1;
     }
     if (v < lo || v > hi) {
-        fprintf(stderr, "q3moe: error: %s: %ld is out of range [%ld, %ld]\n", opt, v, lo, hi);
+        arg_err("q3moe: error: %s: %ld is out of range [%ld, %ld]\n", opt, v, lo, hi);
         return -1;
     }
     *out = v;
@@ -37,11 +51,11 @@ int arg_float(const char *opt, const char *s, double lo, double hi, double *out)
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || *end || !isfinite(v)) {
-        fprintf(stderr, "q3moe: error: %s: '%s' is not a number\n", opt, s);
+        arg_err("q3moe: error: %s: '%s' is not a number\n", opt, s);
         return -1;
     }
     if (v < lo || v > hi) {
-        fprintf(stderr, "q3moe: error: %s: %g is out of range [%g, %g]\n", opt, v, lo, hi);
+        arg_err("q3moe: error: %s: %g is out of range [%g, %g]\n", opt, v, lo, hi);
         return -1;
     }
     *out = v;
@@ -59,7 +73,7 @@ int arg_id_list(const char *opt, const char *s, int32_t **ids, size_t *n) {
         const int digits = end != p;
         while (*end == ' ' || *end == '\t') end++; /* as strtol skips them before a number */
         if (errno || !digits || x < 0 || x > INT32_MAX || (*end && *end != ',') || (*end == ',' && !end[1])) {
-            fprintf(stderr, "q3moe: error: %s: bad token id list at '%s' (expected e.g. 1,2,3)\n", opt, p);
+            arg_err("q3moe: error: %s: bad token id list at '%s' (expected e.g. 1,2,3)\n", opt, p);
             free(v);
             return -1;
         }
@@ -68,7 +82,7 @@ int arg_id_list(const char *opt, const char *s, int32_t **ids, size_t *n) {
         p = *end ? end + 1 : end;
     }
     if (len == 0) {
-        fprintf(stderr, "q3moe: error: %s: empty token id list\n", opt);
+        arg_err("q3moe: error: %s: empty token id list\n", opt);
         free(v);
         return -1;
     }
@@ -78,6 +92,6 @@ int arg_id_list(const char *opt, const char *s, int32_t **ids, size_t *n) {
 }
 
 int arg_unknown(const char *cmd, const char *arg) {
-    fprintf(stderr, "q3moe %s: error: unknown argument '%s' (see q3moe %s --help)\n", cmd, arg, cmd);
+    arg_err("q3moe %s: error: unknown argument '%s' (see q3moe %s --help)\n", cmd, arg, cmd);
     return 2;
 }

@@ -8,6 +8,7 @@
 
 #include "kernels/kernels.h"
 #include "util/error.h"
+#include "util/file.h"
 
 static double pct(double x, double of) { return of > 0 ? 100.0 * x / of : 0; }
 
@@ -430,7 +431,10 @@ int bench_write_json(const char *path, int force, const bench_results *r) {
         rc = q3_err("--json: %s: %s", path, strerror(errno));
     } else {
         if (json_dumpf(root, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) || fputc('\n', f) == EOF) rc = -1;
-        if (fclose(f) || rc) rc = q3_err("--json: writing %s failed", path);
+        if (fclose(f) || rc) {
+            rc = q3_err("--json: writing %s failed", path);
+            q3_remove_partial(path);
+        }
     }
     json_decref(root);
     return rc;

@@ -337,6 +337,10 @@ int cmd_bench(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (!model_dir && !po.config && po.world > 1) {
+        if (po.rank == 0) fail("--membw alone measures this machine on one rank; run it without mpirun (launched as %d ranks)", po.world);
+        return 2;
+    }
     /* Only rank 0 writes the file, so only rank 0 checks it (before any work). */
     if (po.rank == 0 && json_path && q3_check_output(json_path, force)) {
         q3_err_prefix("--json");

@@ -115,7 +115,10 @@ int cmd_logits(int argc, char **argv) {
         else {
             /* Written as stored: the machines we target are little-endian. */
             size_t w = fwrite(rows, sizeof(float), n * V, f);
-            if (fclose(f) != 0 || w != n * V) rc = q3_err("error writing %s", out);
+            if (fclose(f) != 0 || w != n * V) {
+                rc = q3_err("error writing %s", out);
+                q3_remove_partial(out);
+            }
         }
     }
     if (rc) q3_print_error();

@@ -148,7 +148,10 @@ static int write_json(const char *path, int force, const char *model, const char
         } else {
             if (json_dumpf(o, f, JSON_COMPACT | JSON_PRESERVE_ORDER) || fputc('\n', f) == EOF) rc = -1;
             if (fclose(f) != 0) rc = -1;
-            if (rc) q3_err("--json: error writing %s", path);
+            if (rc) {
+                q3_err("--json: error writing %s", path);
+                q3_remove_partial(path);
+            }
         }
     }
     json_decref(o);

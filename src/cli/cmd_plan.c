@@ -420,7 +420,10 @@ static int write_json(const char *path, int force, const q3_plan *p, const char 
                              : fail(1, "--json: cannot write %s: %s", path, strerror(errno));
     } else {
         if (json_dumpf(root, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) || fputc('\n', f) == EOF) rc = 1;
-        if (fclose(f) || rc) rc = fail(1, "--json: cannot write %s", path);
+        if (fclose(f) || rc) {
+            rc = fail(1, "--json: cannot write %s", path);
+            q3_remove_partial(path);
+        }
     }
     json_decref(root);
     return rc;

@@ -1,4 +1,5 @@
 /* q3moe entry point: dispatches to the sub-commands. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,7 +85,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rc = dispatch(argc, argv);
-    fflush(stdout);
+    /* Output that did not reach its destination (a full disk, a closed pipe) is a failure. */
+    if ((fflush(stdout) != 0 || ferror(stdout)) && rc == 0) {
+        fprintf(stderr, "q3moe: error: writing the output failed: %s\n", strerror(errno));
+        rc = 1;
+    }
     if (comm) q3_comm_finalize();
     return rc;
 }

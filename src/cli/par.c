@@ -85,7 +85,9 @@ static void free_resolved(void) { free(g_resolved); }
 static int resolve_quant_ranked(const par_opts *o, const char **model_path, const char **quant) {
     char *path = NULL;
     int ok = o->rank != 0 || q3_resolve_model(*model_path, *quant, &path) == 0;
+    q3_comm_watch(0); /* the others wait for the whole conversion */
     q3_comm_broadcast_bytes(q3_comm_world(), &ok, sizeof ok, 0);
+    q3_comm_watch(1);
     if (!ok) {
         free(path);
         return o->rank == 0 ? -1 : q3_err("rank 0 could not prepare the --quant %s cache file", *quant);

@@ -133,12 +133,15 @@ void q3_comm_stats_print(FILE *f) {
 static _Atomic int64_t g_wd_t0 = 0;      /* start of the blocking call in flight; 0: none */
 static _Atomic int g_wd_kind = 0;
 static _Atomic(const char *) g_wd_group = NULL;
+static _Atomic int g_watched = 1;        /* q3_comm_watch */
+
+void q3_comm_watch(int on) { atomic_store(&g_watched, on); }
 
 int64_t q3_comm__begin(q3_coll kind, const char *group_name) {
     int64_t t0 = q3_comm__now_ns();
     atomic_store(&g_wd_kind, (int)kind);
     atomic_store(&g_wd_group, group_name);
-    atomic_store(&g_wd_t0, t0 ? t0 : 1);
+    if (atomic_load(&g_watched)) atomic_store(&g_wd_t0, t0 ? t0 : 1);
     return t0;
 }
 

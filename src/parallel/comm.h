@@ -188,5 +188,10 @@ void q3_comm_payload(q3_coll kind, int nranks, uint64_t bytes, int is_root, uint
 
 /* The watchdog limit in seconds (after q3_comm_init). */
 double q3_comm_timeout_s(void);
+/* Whether the watchdog watches the collectives started from now on (on
+ * by default). Off around a wait that is meant to be long, such as the
+ * other ranks waiting while rank 0 converts --quant's cache file: that can
+ * take minutes on a real checkpoint. */
+void q3_comm_watch(int on);
 
 #endif

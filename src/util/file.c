@@ -241,6 +241,11 @@ char *q3_path_dir(const char *path) {
     return d;
 }
 
+void q3_remove_partial(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) remove(path);
+}
+
 int q3_mkdir_p(const char *path) {
     if (!*path) return q3_err("the directory path is empty");
     char *p = q3_strdup(path);

@@ -56,6 +56,9 @@ int q3_file_exists(const char *path);
  * work, so a long run is not lost to a typo in its output path. 0, or -1
  * with q3_err naming path. */
 int q3_check_output(const char *path, int force);
+/* Remove what a failed write left at path, if it is a regular file (a
+ * partial output would pass for a whole one; /dev/full and the like stay). */
+void q3_remove_partial(const char *path);
 /* Make directory path and its missing parents (mkdir -p). 0, or -1 with
  * q3_err. */
 int q3_mkdir_p(const char *path);

@@ -27,6 +27,9 @@
  *   Q3_COMM_CHECK_EXIT_RANK=r   rank r exits (status 0) without finalizing
  *   Q3_COMM_CHECK_STALL_RANK=r  rank r sleeps 600 s: the others' watchdog
  *                               (Q3MOE_COMM_TIMEOUT) must end the job
+ *   Q3_COMM_CHECK_LONG_WAIT=s   rank 0 sleeps s seconds before a broadcast
+ *                               the others wait in unwatched (q3_comm_watch):
+ *                               the job must go on past the timeout
  * Exit status 0 when every check passed. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +106,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "comm_check: rank %d stalls (Q3_COMM_CHECK_STALL_RANK)\n", r);
         fflush(stderr);
         sleep(600);
+    }
+
+    const char *long_wait = getenv("Q3_COMM_CHECK_LONG_WAIT");
+    if (long_wait && *long_wait) { /* as the ranks wait while rank 0 converts --quant's cache */
+        int token = r == 0 ? 42 : 0;
+        if (r == 0) usleep((useconds_t)(atof(long_wait) * 1e6));
+        q3_comm_watch(0);
+        q3_comm_broadcast_bytes(w, &token, sizeof token, 0);
+        q3_comm_watch(1);
+        if (token != 42) q3_comm_abort("comm_check: the unwatched broadcast lost its value");
     }
 
     float *a = q3_malloc(16384 * sizeof *a), *b = q3_malloc(16384 * sizeof *b), *e = q3_malloc(16384 * sizeof *e);
