@@ -526,6 +526,17 @@ def test_bf16p_needs_bf16_weights(tiny_tok, work):
     assert p.returncode == 1 and "no separate lm_head.weight" in p.stderr, p.stderr  # tied: the embedding
 
 
+def test_bf16p_scheme_on_a_tied_model(work):
+    """--quant bf16p packs what it can: a tied model's embedding table (its lm_head) stays as stored,
+    and the logits are bit-identical to the checkpoint's."""
+    ck = synth(work / "tied", "--tie", "1", "--tokenizer", "none", "--vocab", "512")
+    out = work / "t.q3m"
+    run(["convert", "-m", ck, "-o", out, "--quant", "bf16p"])
+    a, _ = logits(out, work / "a.f32")
+    b, _ = logits(ck, work / "b.f32")
+    assert a.tobytes() == b.tobytes()
+
+
 def test_bf16p_damaged_side_table_refused(tiny, work):
     out = work / "p.q3m"
     run(["convert", "-m", tiny, "-o", out, "--quant", "bf16p"])

@@ -315,12 +315,15 @@ def test_bad_plan_refused_before_weights(name, config_only, tmp_path):
     assert not (tmp_path / "x.bin").exists()
 
 
-@pytest.mark.parametrize("args,said", [(["--ids", "1,2,x"], "bad token id list"), (["--ids", "1", "-n", "abc"], "not an integer"),
-                                       (["--ids", "1", "--bogus"], "unknown argument")])
-def test_argument_errors_said_once(models, args, said):
+@pytest.mark.parametrize("cmd,args,said", [("generate", ["--ids", "1,2,x"], "bad token id list"),
+                                            ("generate", ["--ids", "1", "-n", "abc"], "not an integer"),
+                                            ("generate", ["--ids", "1", "--bogus"], "unknown argument"),
+                                            ("bench", ["-n", "abc"], "not an integer"),
+                                            ("bench", ["--bogus"], "unknown argument")])
+def test_argument_errors_said_once(models, cmd, args, said):
     """Every rank parses the same arguments: rank 0 alone reports a bad one."""
     _, paths = models
-    rc, _, err = run(mpi(2, ["generate", "-m", paths["moe"], "-t", 1] + args), ok=False)
+    rc, _, err = run(mpi(2, [cmd, "-m", paths["moe"], "-t", 1] + args), ok=False)
     assert rc != 0 and err.count(said) == 1, err[-3000:]
 
 

@@ -83,8 +83,13 @@ static void usage(FILE *f) {
     par_opts_help(f);
 }
 
+/* Set while the arguments are checked on a rank other than 0: every rank
+ * parses the same ones, so rank 0 alone reports them. */
+static int g_quiet;
+
 static int fail(const char *fmt, ...) Q3_PRINTF(1, 2);
 static int fail(const char *fmt, ...) {
+    if (g_quiet) return 2;
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "q3moe bench: error: ");
@@ -280,6 +285,7 @@ int cmd_bench(int argc, char **argv) {
     sp.seed = 0x5eed;
     par_opts po;
     par_opts_init(&po, argc, argv);
+    g_quiet = po.rank != 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int pr = par_opts_parse(&po, "bench", &i);
@@ -334,12 +340,11 @@ int cmd_bench(int argc, char **argv) {
     if (membw_flag && no_membw) return fail("--membw and --no-membw contradict each other");
     if (!model_dir && !membw_flag && !po.config) {
         fail("need -m DIR (or --membw alone to measure only the machine)");
-        usage(stderr);
+        if (!g_quiet) usage(stderr);
         return 2;
     }
     if (!model_dir && !po.config && po.world > 1) {
-        if (po.rank == 0) fail("--membw alone measures this machine on one rank; run it without mpirun (launched as %d ranks)", po.world);
-        return 2;
+        return fail("--membw alone measures this machine on one rank; run it without mpirun (launched as %d ranks)", po.world);
     }
     /* Only rank 0 writes the file, so only rank 0 checks it (before any work). */
     if (po.rank == 0 && json_path && q3_check_output(json_path, force)) {
@@ -347,6 +352,7 @@ int cmd_bench(int argc, char **argv) {
         par_fail(&po, "bench");
         return 1;
     }
+    g_quiet = 0; /* past the arguments: what fails now may fail on one rank alone */
     if (threads > 0) omp_set_num_threads((int)threads);
     /* The plan (--config / flags, or the world size under mpirun), checked
      * before any weight is read; -m may come from the YAML's model_path. */

@@ -3,9 +3,11 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "parallel/comm.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -68,6 +70,13 @@ static int refuse_unsupported(const char *path, json_t *root) {
  * id past the vocabulary can never be sampled: it is ignored, with a note
  * (synth wrote Qwen3's 151645 into small random vocabularies until
  * 2026-12-08, and those checkpoints still load). */
+static atomic_int g_eos_noted;
+
+static int world_rank(void) {
+    const q3_group *w = q3_comm_world();
+    return w ? q3_group_rank(w) : 0;
+}
+
 static int get_eos(const char *path, json_t *root, int vocab, int *out) {
     json_t *v = json_object_get(root, "eos_token_id");
     *out = -1;
@@ -79,7 +88,7 @@ static int get_eos(const char *path, json_t *root, int vocab, int *out) {
         if (!json_is_integer(e) || json_integer_value(e) < 0)
             return q3_err("%s: field \"eos_token_id\" must be a token id or a non-empty list of them", path);
         if (i == 0 && json_integer_value(e) < vocab) *out = (int)json_integer_value(e);
-        else if (i == 0)
+        else if (i == 0 && !atomic_exchange(&g_eos_noted, 1) && world_rank() == 0) /* once per job */
             fprintf(stderr, "q3moe: note: %s: eos_token_id %lld is past the vocabulary (%d tokens); ignored\n", path,
                     (long long)json_integer_value(e), vocab);
     }

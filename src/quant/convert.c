@@ -476,8 +476,11 @@ static int plan_layout(const q3_tensor_source *src, q3_quant_scheme scheme, layo
         if (!strcmp(t->name, "lm_head.weight")) has_head = 1;
         l->bytes_in += nbytes_of(t);
     }
-    /* A tied lm_head is the embedding table, which must stay readable row by row. */
-    if (converts(scheme.head) && !has_head)
+    /* A tied lm_head is the embedding table, which must stay readable row by row. (The bf16p
+     * scheme packs every weight it can, losslessly: on a tied model the table stays as stored,
+     * with the same values; a --head asked for alone is refused.) */
+    const int all_bf16p = scheme.head == Q3_BF16P && scheme.ffn == Q3_BF16P && scheme.attn == Q3_BF16P;
+    if (converts(scheme.head) && !has_head && !all_bf16p)
         return q3_err("--head %s: this model has no separate lm_head.weight (tie_word_embeddings: lm_head is the embedding "
                       "table, which stays as stored)",
                       q3_dtype_name(scheme.head));
