@@ -71,8 +71,8 @@ int cmd_generate(int argc, char **argv) {
             else if (!strcmp(a, "-n") && arg_int(a, v, 0, 1l << 24, &n_new)) return 2;
             else if (!strcmp(a, "--stop")) {
                 if (!*v || n_stops == MAX_STOPS) {
-                    if (!*v) fprintf(stderr, "q3moe generate: error: --stop: the stop string is empty\n");
-                    else fprintf(stderr, "q3moe generate: error: --stop: at most %d stop strings\n", MAX_STOPS);
+                    if (po.rank == 0 && !*v) fprintf(stderr, "q3moe generate: error: --stop: the stop string is empty\n");
+                    else if (po.rank == 0) fprintf(stderr, "q3moe generate: error: --stop: at most %d stop strings\n", MAX_STOPS);
                     return 2;
                 }
                 stops[n_stops++] = v;

@@ -63,6 +63,10 @@ int session_open_plan(q3_session *s, const char *dir, int ctx, int n_threads, in
             if (id >= 0) s->eos_ids[s->n_eos++] = id;
         }
     }
+    const q3_group *w = q3_comm_world();
+    if (c->eos_past_vocab >= 0 && (!w || q3_group_rank(w) == 0))
+        fprintf(stderr, "q3moe: note: %s: eos_token_id %lld is past the vocabulary (%d tokens); ignored\n", dir,
+                c->eos_past_vocab, c->vocab_size);
     if (c->eos_token_id >= 0 && s->n_eos < 4) {
         int dup = 0;
         for (int i = 0; i < s->n_eos; i++) dup |= s->eos_ids[i] == c->eos_token_id;

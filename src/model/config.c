@@ -3,11 +3,8 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
-#include <stdatomic.h>
-#include <stdio.h>
 #include <string.h>
 
-#include "parallel/comm.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -67,19 +64,12 @@ static int refuse_unsupported(const char *path, json_t *root) {
 
 /* "eos_token_id": absent or null (-1), a token id, or a non-empty list of
  * them (the first is kept: the tokenizer names the chat's end tokens). An
- * id past the vocabulary can never be sampled: it is ignored, with a note
- * (synth wrote Qwen3's 151645 into small random vocabularies until
- * 2026-12-08, and those checkpoints still load). */
-static atomic_int g_eos_noted;
-
-static int world_rank(void) {
-    const q3_group *w = q3_comm_world();
-    return w ? q3_group_rank(w) : 0;
-}
-
-static int get_eos(const char *path, json_t *root, int vocab, int *out) {
+ * id past the vocabulary can never be sampled: it is ignored, and kept in
+ * *past for the caller to mention (synth wrote Qwen3's 151645 into small
+ * random vocabularies until 2026-12-08, and those checkpoints still load). */
+static int get_eos(const char *path, json_t *root, int vocab, int *out, long long *past) {
     json_t *v = json_object_get(root, "eos_token_id");
-    *out = -1;
+    *out = -1, *past = -1;
     if (!v || json_is_null(v)) return 0;
     const size_t n = json_is_array(v) ? json_array_size(v) : 1;
     if (n == 0) return q3_err("%s: field \"eos_token_id\" is an empty list", path);
@@ -88,9 +78,7 @@ static int get_eos(const char *path, json_t *root, int vocab, int *out) {
         if (!json_is_integer(e) || json_integer_value(e) < 0)
             return q3_err("%s: field \"eos_token_id\" must be a token id or a non-empty list of them", path);
         if (i == 0 && json_integer_value(e) < vocab) *out = (int)json_integer_value(e);
-        else if (i == 0 && !atomic_exchange(&g_eos_noted, 1) && world_rank() == 0) /* once per job */
-            fprintf(stderr, "q3moe: note: %s: eos_token_id %lld is past the vocabulary (%d tokens); ignored\n", path,
-                    (long long)json_integer_value(e), vocab);
+        else if (i == 0) *past = (long long)json_integer_value(e);
     }
     return 0;
 }
@@ -117,7 +105,7 @@ static int parse(q3_config *c, const char *path, json_t *root) {
         get_num(path, root, "rope_theta", 10000, 1, 1e12, &c->rope_theta) ||
         get_int(path, root, "bos_token_id", 0, -1, -1, 1l << 24, &c->bos_token_id))
         return -1;
-    if (get_eos(path, root, c->vocab_size, &c->eos_token_id)) return -1;
+    if (get_eos(path, root, c->vocab_size, &c->eos_token_id, &c->eos_past_vocab)) return -1;
     if (c->num_heads % c->num_kv_heads)
         return q3_err("%s: \"num_attention_heads\" (%d) must be a multiple of \"num_key_value_heads\" (%d)", path,
                       c->num_heads, c->num_kv_heads);

@@ -28,6 +28,7 @@ typedef struct {
     uint8_t layer_is_sparse[Q3_MAX_LAYERS];
     int bos_token_id;        /* -1 when absent */
     int eos_token_id;        /* -1 when absent */
+    long long eos_past_vocab; /* an eos_token_id past the vocabulary, ignored (-1: none) */
 } q3_config;
 
 /* Parse and validate config.json at `path`. Unsupported options
