@@ -374,6 +374,9 @@ def main():
         if not {"avx2", "fma", "f16c"} <= cpu_flags():
             fail("--avx2: this CPU lacks AVX2, FMA or F16C")
         os.environ["Q3MOE_ISA"] = "avx2"  # every q3moe run below, the read probes too
+    if not os.path.isfile(os.path.join(model, "tokenizer.json")):  # before the build: the GGUF needs it
+        fail(f"-m {a.model}: no tokenizer.json; llama.cpp's GGUF carries the vocabulary, so the checkpoint needs "
+             "one (`q3moe synth` copies it unless given --tokenizer none)")
 
     work = os.path.abspath(a.work)
     os.makedirs(os.path.join(work, "models"), exist_ok=True)

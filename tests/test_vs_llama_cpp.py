@@ -76,6 +76,11 @@ def test_quantized_pair_needs_moe(configs, tmp_path):
     refused(["-m", configs["dense"], "--pairs", "w4a8"], tmp_path, "--pairs w4a8: needs a Qwen3-MoE checkpoint")
 
 
+def test_checkpoint_without_tokenizer(configs, tmp_path):
+    """Refused before the build, not after it, when the F16 GGUF is written."""
+    refused(["-m", configs["moe"]], tmp_path, "no tokenizer.json; llama.cpp's GGUF carries the vocabulary")
+
+
 def test_json_not_overwritten(configs, tmp_path):
     js = tmp_path / "vs.json"
     js.write_text("mine")
