@@ -210,6 +210,7 @@ def test_errors(model, text, root, tmp_path):
     fails(["perplexity", "-f", text], 2, "-m")
     fails(ppl + ["-f", text, "--chunk", "1"], 2, "--chunk")
     fails(ppl + ["-f", text, "--chunk", "64", "--ctx", "32"], 1, "--chunk")
+    fails(ppl + ["-f", text, "--ctx", "1"], 2, "--ctx")  # one position scores nothing (it printed nan)
     fails(ppl + ["-f", text, "--bogus"], 2, "--bogus")
     for content, n in (("", 0), ("a", 1)):
         short = tmp_path / f"short{n}.txt"
@@ -223,6 +224,12 @@ def test_errors(model, text, root, tmp_path):
     fails(ppl + ["--ids", "5"], 1, "1 token", "at least 2")
     fails(ppl + ["--ids", "1,2", "-f", text], 2, "--ids")
     fails(ppl + ["--ids", "1,151936"], 1, "151936")
+    # a model whose context is a single position: nothing to score (it printed nan and exited 0)
+    one = synth(root / "one", 14, "none")
+    cfg = json.loads((one / "config.json").read_text())
+    cfg["max_position_embeddings"] = 1
+    (one / "config.json").write_text(json.dumps(cfg))
+    fails(["perplexity", "-m", one, "--ids", "5,6"] + T1, 1, "context holds 1 token", "at least 2")
     # --json refuses to overwrite without --force
     out = tmp_path / "exists.json"
     out.write_text("keep\n")

@@ -187,7 +187,7 @@ int cmd_perplexity(int argc, char **argv) {
             else if (!strcmp(a, "--quant")) quant = v;
             else if (!strcmp(a, "--json")) json_path = v;
             else if (!strcmp(a, "--chunk") && arg_int(a, v, 2, 1l << 24, &chunk)) return 2;
-            else if (!strcmp(a, "--ctx") && arg_int(a, v, 1, 1l << 24, &ctx)) return 2;
+            else if (!strcmp(a, "--ctx") && arg_int(a, v, 2, 1l << 24, &ctx)) return 2; /* 1 position scores nothing */
             else if (!strcmp(a, "-t") && arg_int(a, v, 1, 1024, &threads)) return 2;
         } else return arg_unknown("perplexity", a);
     }
@@ -242,6 +242,10 @@ int cmd_perplexity(int argc, char **argv) {
     }
 
     if (!chunk) chunk = s.state.ctx < DEFAULT_CHUNK ? s.state.ctx : DEFAULT_CHUNK;
+    if (chunk < 2) { /* a model whose max_position_embeddings is 1 */
+        fail("the context holds %d token; perplexity needs at least 2 to score one", s.state.ctx);
+        goto done;
+    }
     if (chunk > s.state.ctx) {
         fail("--chunk %ld exceeds the context size %d (raise --ctx)", chunk, s.state.ctx);
         goto done;
