@@ -165,25 +165,15 @@ CHAIN = [b" world", b"\xe4\xbd", b"\xa0", b" \xf0\x9f", b"\x99\x82", b" \xe5", b
 CHAIN_TEXT = " world你 🙂 好\ufffd!\ufffd\x00 done\ufffd".encode()
 
 
-@pytest.fixture(scope="session")
-def scripted(tmp_path_factory, token_bytes):
-    """A checkpoint whose greedy continuation of "Hello" is CHAIN then <|im_end|>.
+def script(d, seq):
+    """Makes checkpoint d's greedy next token after seq[k] be seq[k + 1].
 
     Every o_proj and expert down_proj is zeroed, so the residual stream is
     just the current token's embedding and the next-token logits depend on
-    the current token only. Token k of the chain gets the one-hot embedding
-    e_k; the final norm weight is 1, and lm_head[next(k)][k] = 8, so next(k)
-    scores 8 * 16 = 128 against a few units at most for every other token.
-    Returns (dir, chain ids without the prompt, <|im_end|> id)."""
-    d = synth(tmp_path_factory.mktemp("cli") / "scripted")
-    ids_of = {b: i for i, b in sorted(token_bytes.items(), reverse=True)}  # lowest id wins
-    start = tokenize(d, "Hello")
-    assert len(start) == 1
-    chain = [ids_of[b] for b in CHAIN]
-    eos = ids_of[IM_END.encode()]
-    seq = start + chain + [eos]
+    the current token only. Token k of seq gets the one-hot embedding e_k;
+    the final norm weight is 1, and lm_head[seq[k + 1]][k] = 8, so seq[k + 1]
+    scores 8 * 16 = 128 against a few units at most for every other token."""
     assert len(set(seq)) == len(seq), "a token repeats: the chain would not be a function"
-
     path = d / "model.safetensors"
     with open(path, "r+b") as f:
         (n,) = struct.unpack("<Q", f.read(8))
@@ -207,7 +197,36 @@ def scripted(tmp_path_factory, token_bytes):
         for k, (tok, nxt) in enumerate(zip(seq, seq[1:])):
             put("model.embed_tokens.weight", tok * hidden, b"".join(bf16(float(j == k)) for j in range(hidden)))
             put("lm_head.weight", nxt * hidden + k, bf16(8.0))
+
+
+@pytest.fixture(scope="session")
+def scripted(tmp_path_factory, token_bytes):
+    """A checkpoint whose greedy continuation of "Hello" is CHAIN then <|im_end|>.
+    Returns (dir, chain ids without the prompt, <|im_end|> id)."""
+    d = synth(tmp_path_factory.mktemp("cli") / "scripted")
+    ids_of = {b: i for i, b in sorted(token_bytes.items(), reverse=True)}  # lowest id wins
+    start = tokenize(d, "Hello")
+    assert len(start) == 1
+    chain = [ids_of[b] for b in CHAIN]
+    eos = ids_of[IM_END.encode()]
+    script(d, start + chain + [eos])
     return d, chain, eos
+
+
+@pytest.fixture(scope="session")
+def reasoning(tmp_path_factory):
+    """A checkpoint that answers every chat turn with THOUGHT_ANSWER (after
+    the assistant header's "\n": reasoning, </think>, then the answer) or,
+    after the empty think block of a turn without thinking, with ANSWER."""
+    d = synth(tmp_path_factory.mktemp("cli") / "reasoning")
+    seq = tokenize(d, "\n" + THOUGHT_ANSWER) + tokenize(d, IM_END)
+    assert seq[1] == tokenize(d, "<think>")[0] and len(tokenize(d, "<think>")) == 1
+    script(d, seq)
+    return d
+
+
+THOUGHT_ANSWER = "<think>Hm</think>\n\nSure"
+ANSWER = "Sure"
 
 
 # --------------------------------------------------------- help, exit codes
@@ -260,7 +279,13 @@ def test_generate_stats_line_plain_prompt(model, prompt):
     (["-p", "hi there", "--system", "You are terse."], chat_turn("hi there", "You are terse.")),
     (["-p", "hi", "--system", "S", "--no-think"], chat_turn("hi", "S", think=False)),
     (["-p", "hi /no_think there"], chat_turn("hi /no_think there", think=False)),
-], ids=["think", "no-think", "system", "system-no-think", "slash-no_think"])
+    # switches are words of their own: not inside </think>, a path or a longer word
+    (["-p", "What does </think> mean?", "--no-think"], chat_turn("What does </think> mean?", think=False)),
+    (["-p", "see a.com/think/x or /thinking", "--no-think"], chat_turn("see a.com/think/x or /thinking", think=False)),
+    (["-p", "hi/no_think"], chat_turn("hi/no_think")),
+    (["-p", "why? /think.", "--no-think"], chat_turn("why? /think.")),
+], ids=["think", "no-think", "system", "system-no-think", "slash-no_think", "end-tag-not-a-switch",
+        "path-not-a-switch", "glued-not-a-switch", "slash-think-punctuated"])
 def test_generate_chat_prompt_tokens(model, args, text):
     _, st = generate(model, "--chat", *args, "-n", "1", "--seed", "1")
     assert st["prompt"] == len(tokenize(model, text))
@@ -445,8 +470,10 @@ def test_chat_keeps_the_kv_cache(model):
     assert p.stdout == text1 + b"\n" + text2 + b"\n"
 
 
-def test_chat_reset(model):
-    p, st = chat(model, ["hello", "/reset", "hello"])
+@pytest.mark.parametrize("penalty", [[], ["--repeat-penalty", "1.5"]], ids=["plain", "repeat-penalty"])
+def test_chat_reset(model, penalty):
+    """/reset starts afresh, the repetition penalty's memory of the tokens seen included."""
+    p, st = chat(model, ["hello", "/reset", "hello"], *penalty)
     first = len(tokenize(model, chat_turn("hello")))
     assert [s["prompt"] for s in st] == [first, first], shown(p)
     assert "conversation cleared" in p.stderr.decode()
@@ -454,15 +481,63 @@ def test_chat_reset(model):
     assert p.stdout[:half] == p.stdout[half:] and p.stdout.endswith(b"\n"), shown(p)
 
 
-def test_chat_system_and_no_think(model):
-    ids1, _, eos1 = first_answer(model, "hi /no_think", "--system", "Be brief.")
+def test_chat_system_and_no_think(model, token_bytes):
+    ids1, _, _ = first_answer(model, "hi /no_think", "--system", "Be brief.")
     p, st = chat(model, ["hi /no_think", "more", "/reset", "again"], "--system", "Be brief.")
+    turn1 = tokenize(model, chat_turn("hi /no_think", "Be brief.", think=False))
+    answer1 = decode(model, [i for i in ids1 if i in token_bytes]).decode()
     expect = [
-        tokenize(model, chat_turn("hi /no_think", "Be brief.", think=False)),
-        ([] if eos1 else ids1[-1:]) + tokenize(model, IM_END + "\n" + chat_turn("more")),  # system once
+        turn1,
+        # back to where the answer starts, past the empty think block, and the answer again as text
+        tokenize(model, answer1 + IM_END + "\n" + chat_turn("more")),  # system once
         tokenize(model, chat_turn("again", "Be brief.")),  # after /reset: the system turn again
     ]
     assert [s["prompt"] for s in st] == [len(e) for e in expect], shown(p)
+
+
+def render(messages, think):
+    """Qwen3's own chat template (tokenizer_config.json), rendered as transformers renders it, with the
+    generation prompt."""
+    import jinja2.sandbox
+    with open(os.path.join(TOKENIZER_DIR, "tokenizer_config.json"), encoding="utf-8") as f:
+        template = json.load(f)["chat_template"]
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True, enable_thinking=think)
+
+
+def test_chat_history_drops_the_reasoning(reasoning):
+    """Earlier answers stay in the conversation as Qwen3's template renders them: without their reasoning,
+    and without the empty think block a turn without thinking opens with. Each turn's prompt is what the
+    template adds to the conversation after where the last answer starts."""
+    msgs, thinks = ["first", "second /no_think", "third"], [True, False, True]
+    answers = [THOUGHT_ANSWER, ANSWER, THOUGHT_ANSWER]
+    p, st = chat(reasoning, msgs, "--system", "S")
+    assert p.stdout.decode() == "".join(a + "\n" for a in answers), shown(p)
+    history, held = [{"role": "system", "content": "S"}], 0
+    for k, (m, think) in enumerate(zip(msgs, thinks)):
+        history.append({"role": "user", "content": m})
+        assert st[k]["prompt"] == len(tokenize(reasoning, render(history, think))) - held, (k, shown(p))
+        held = len(tokenize(reasoning, render(history, True)))  # up to "<|im_start|>assistant\n"
+        history.append({"role": "assistant", "content": answers[k]})
+    assert "Hm" not in render(history[:-1], True)  # the template does drop it
+
+
+def test_chat_follows_the_template(model, token_bytes):
+    """Without thinking, every answer is the greedy continuation of the conversation as the template
+    renders it."""
+    msgs = ["hello", "go on", "and then?"]
+    p, st = chat(model, msgs, "--system", "Be brief.", "--no-think")
+    history, held, out = [{"role": "system", "content": "Be brief."}], 0, b""
+    for k, m in enumerate(msgs):
+        history.append({"role": "user", "content": m})
+        ids = ",".join(map(str, tokenize(model, render(history, False))))
+        text, _ = generate(model, "--ids", ids, "-n", "8", "--temp", "0")
+        answer, _ = generate_ids(model, "--ids", ids, "-n", "8", "--temp", "0")
+        out += text + b"\n"
+        assert st[k]["prompt"] == len(ids.split(",")) - held, (k, shown(p))
+        held = len(tokenize(model, render(history, True)))
+        history.append({"role": "assistant", "content": decode(model, [i for i in answer if i in token_bytes]).decode()})
+    assert p.stdout == out, shown(p)
 
 
 def test_chat_message_past_the_context_starts_over(model):

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PKGS=(gcc make pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libyaml-dev
-          libopenmpi-dev openmpi-bin python3 python3-numpy python3-torch python3-pytest)
+          libopenmpi-dev openmpi-bin python3 python3-numpy python3-torch python3-pytest python3-jinja2)
 what=""  # set for the partial set-ups below, which install only their own tools
 case "${1:-}" in
     --fuzz)

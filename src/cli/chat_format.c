@@ -1,5 +1,6 @@
 #include "cli/chat_format.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -15,16 +16,33 @@ char *chat_format_turn(const char *system, const char *user, int think) {
     return p;
 }
 
-static const char *last_of(const char *s, const char *word) {
+/* Whether word starts at p as a word of its own: after the start or
+ * whitespace, and not followed by more of a word or a path ("/thinking",
+ * "</think>", "a/think/b" are not switches). */
+static int switch_at(const char *s, const char *p, size_t n) {
+    const unsigned char after = (unsigned char)p[n];
+    return (p == s || isspace((unsigned char)p[-1])) && !isalnum(after) && after != '_' && after != '/' && after != '-';
+}
+
+static const char *last_switch(const char *s, const char *word) {
     const char *last = NULL;
-    for (const char *p = strstr(s, word); p; p = strstr(p + 1, word)) last = p;
+    for (const char *p = strstr(s, word); p; p = strstr(p + 1, word))
+        if (switch_at(s, p, strlen(word))) last = p;
     return last;
 }
 
 int chat_wants_think(const char *user, int dflt) {
-    const char *no = last_of(user, "/no_think"), *yes = last_of(user, "/think");
+    const char *no = last_switch(user, "/no_think"), *yes = last_switch(user, "/think");
     if (no && yes) return no > yes ? 0 : 1; /* the last switch wins */
     if (no) return 0;
     if (yes) return 1;
     return dflt;
+}
+
+const char *chat_answer_content(const char *answer) {
+    const char *end = NULL;
+    for (const char *p = strstr(answer, "</think>"); p; p = strstr(p + 1, "</think>")) end = p + 8;
+    if (!end) return answer;
+    while (*end == '\n') end++;
+    return end;
 }

@@ -222,6 +222,7 @@ int gen_run(q3_session *s, q3_sampler *smp, const int32_t *prompt, size_t n_prom
             return session_explain_nan(&s->model, what);
         }
         st->last_token = tok;
+        if (o->sampled) o->sampled[st->generated] = tok;
         st->generated++;
         if (!o->ignore_eos && is_eos(s, tok)) {
             st->hit_eos = 1;

@@ -58,6 +58,7 @@ typedef struct {
     const char **stops;       /* stop strings (not printed) */
     int n_stops;
     FILE *out;
+    int32_t *sampled;         /* when set: receives the sampled tokens (room for max_new) */
 } gen_options;
 
 typedef struct {

@@ -153,6 +153,10 @@ void q3_state_free(q3_state *s) {
 
 void q3_state_reset(q3_state *s) { s->pos = 0; }
 
+void q3_state_truncate(q3_state *s, int pos) {
+    if (pos >= 0 && pos < s->pos) s->pos = pos;
+}
+
 /* The format an A8 linear's input is quantized to. */
 static q3_dtype act_of(const q3_mat *W) { return W->ai8 ? Q3_MXINT8 : Q3_MXFP8; }
 

@@ -83,6 +83,8 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch);
 void q3_state_free(q3_state *s);
 /* Forget the sequence (pos = 0); the cache is overwritten as it refills. */
 void q3_state_reset(q3_state *s);
+/* Keep the first pos tokens (0 <= pos <= s->pos), forgetting the rest. */
+void q3_state_truncate(q3_state *s, int pos);
 
 /* Run n tokens at positions [s->pos, s->pos + n) and append them to the
  * cache. logits (may be NULL): when all_rows, n rows of vocab_size floats,

@@ -104,6 +104,8 @@ void q3_sampler_free(q3_sampler *s) {
     free(s);
 }
 
+void q3_sampler_forget(q3_sampler *s) { s->hist_len = s->hist_pos = 0; }
+
 void q3_sampler_accept(q3_sampler *s, int32_t token) {
     int n = s->p.repeat_last_n;
     if (n <= 0 || token < 0 || token >= s->vocab) return;

@@ -26,6 +26,8 @@ q3_sampler *q3_sampler_new(const q3_sampler_params *p, int vocab_size);
 void q3_sampler_free(q3_sampler *s);
 /* Record a token as seen (prompt and generated), for the repetition penalty. */
 void q3_sampler_accept(q3_sampler *s, int32_t token);
+/* Forget the accepted tokens (a new conversation, or one rewritten). */
+void q3_sampler_forget(q3_sampler *s);
 /* Returned by the samplers when every logit is NaN: nothing can be chosen
  * (the model's weights or activations hold a NaN or an infinity). */
 #define Q3_SAMPLE_NONE (-1)
