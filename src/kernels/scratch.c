@@ -40,3 +40,8 @@ void *q3_scratch(q3_scratch_slot slot, size_t bytes) {
     }
     return t_slots->buf[slot];
 }
+
+void q3_scratch_reserve(q3_scratch_slot slot, size_t bytes) {
+#pragma omp parallel
+    q3_scratch(slot, bytes);
+}

@@ -31,5 +31,7 @@ typedef enum {
  * q3_malloc. (Aligned because a 64-byte row of an AMX tile read from an
  * unaligned buffer spans two cache lines: AMX GEMMs ran at half speed.) */
 void *q3_scratch(q3_scratch_slot slot, size_t bytes);
+/* Makes slot hold at least bytes on every thread of the OpenMP pool now. */
+void q3_scratch_reserve(q3_scratch_slot slot, size_t bytes);
 
 #endif

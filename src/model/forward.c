@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "kernels/scratch.h"
 #include "model/moe.h"
 #include "model/shard.h"
 #include "parallel/comm.h"
@@ -130,6 +131,13 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
         if (c->is_moe) s->sp_moe = FALLOC((size_t)rows * (H + 2 * K));
     }
     if (m->shard && m->shard->plan.comm_quant == Q3_COMM_QUANT_MXFP8) s->comm_wire = q3_malloc(wire_bytes(m, rows));
+    /* Every thread's merged gate/up rows of one token, made now: a decode
+     * step would make them in a thread's first take of such rows, or in a
+     * take longer than any before (the threads' takes vary with how
+     * stealing goes; test_static_decode saw 2 allocations under load). */
+    const int F = c->is_moe ? (m->shard ? m->shard->moe_f : c->moe_intermediate_size) : 0;
+    const int glu_rows = F > local_dense_f(m) ? F : local_dense_f(m);
+    q3_scratch_reserve(Q3_SCR_GLU, 2 * (size_t)glu_rows * sizeof(float));
     return 0;
 }
 
