@@ -225,8 +225,9 @@ def reasoning(tmp_path_factory):
     return d
 
 
-THOUGHT_ANSWER = "<think>Hm</think>\n\nSure"
-ANSWER = "Sure"
+# " \n" after the header's "\n" is one token in the template's rendering ("\n \n"), two as generated
+THOUGHT_ANSWER = "<think>Hm</think>\n\n \nSure"
+ANSWER = " \nSure"
 
 
 # --------------------------------------------------------- help, exit codes
@@ -284,8 +285,10 @@ def test_generate_stats_line_plain_prompt(model, prompt):
     (["-p", "see a.com/think/x or /thinking", "--no-think"], chat_turn("see a.com/think/x or /thinking", think=False)),
     (["-p", "hi/no_think"], chat_turn("hi/no_think")),
     (["-p", "why? /think.", "--no-think"], chat_turn("why? /think.")),
+    (["-p", "你好/no_think"], chat_turn("你好/no_think", think=False)),  # text written without spaces
+    (["-p", "(/no_think)"], chat_turn("(/no_think)", think=False)),
 ], ids=["think", "no-think", "system", "system-no-think", "slash-no_think", "end-tag-not-a-switch",
-        "path-not-a-switch", "glued-not-a-switch", "slash-think-punctuated"])
+        "path-not-a-switch", "glued-not-a-switch", "slash-think-punctuated", "after-cjk", "in-parentheses"])
 def test_generate_chat_prompt_tokens(model, args, text):
     _, st = generate(model, "--chat", *args, "-n", "1", "--seed", "1")
     assert st["prompt"] == len(tokenize(model, text))
@@ -488,8 +491,8 @@ def test_chat_system_and_no_think(model, token_bytes):
     answer1 = decode(model, [i for i in ids1 if i in token_bytes]).decode()
     expect = [
         turn1,
-        # back to where the answer starts, past the empty think block, and the answer again as text
-        tokenize(model, answer1 + IM_END + "\n" + chat_turn("more")),  # system once
+        # back to the header's "\n", and the answer again as text without the empty think block
+        tokenize(model, "\n" + answer1 + IM_END + "\n" + chat_turn("more")),  # system once
         tokenize(model, chat_turn("again", "Be brief.")),  # after /reset: the system turn again
     ]
     assert [s["prompt"] for s in st] == [len(e) for e in expect], shown(p)
@@ -517,25 +520,26 @@ def test_chat_history_drops_the_reasoning(reasoning):
     for k, (m, think) in enumerate(zip(msgs, thinks)):
         history.append({"role": "user", "content": m})
         assert st[k]["prompt"] == len(tokenize(reasoning, render(history, think))) - held, (k, shown(p))
-        held = len(tokenize(reasoning, render(history, True)))  # up to "<|im_start|>assistant\n"
+        held = len(tokenize(reasoning, render(history, True))) - 1  # up to "<|im_start|>assistant"
         history.append({"role": "assistant", "content": answers[k]})
     assert "Hm" not in render(history[:-1], True)  # the template does drop it
 
 
-def test_chat_follows_the_template(model, token_bytes):
+@pytest.mark.parametrize("penalty", [[], ["--repeat-penalty", "1.8"]], ids=["plain", "repeat-penalty"])
+def test_chat_follows_the_template(model, token_bytes, penalty):
     """Without thinking, every answer is the greedy continuation of the conversation as the template
-    renders it."""
-    msgs = ["hello", "go on", "and then?"]
-    p, st = chat(model, msgs, "--system", "Be brief.", "--no-think")
+    renders it (with a repetition penalty, over the tokens of that conversation, as `generate` has it)."""
+    msgs = ["hello", "go on", "and then?", "fine"]
+    p, st = chat(model, msgs, "--system", "Be brief.", "--no-think", *penalty)
     history, held, out = [{"role": "system", "content": "Be brief."}], 0, b""
     for k, m in enumerate(msgs):
         history.append({"role": "user", "content": m})
         ids = ",".join(map(str, tokenize(model, render(history, False))))
-        text, _ = generate(model, "--ids", ids, "-n", "8", "--temp", "0")
-        answer, _ = generate_ids(model, "--ids", ids, "-n", "8", "--temp", "0")
+        text, _ = generate(model, "--ids", ids, "-n", "8", "--temp", "0", *penalty)
+        answer, _ = generate_ids(model, "--ids", ids, "-n", "8", "--temp", "0", *penalty)
         out += text + b"\n"
         assert st[k]["prompt"] == len(ids.split(",")) - held, (k, shown(p))
-        held = len(tokenize(model, render(history, True)))
+        held = len(tokenize(model, render(history, True))) - 1  # up to "<|im_start|>assistant"
         history.append({"role": "assistant", "content": decode(model, [i for i in answer if i in token_bytes]).decode()})
     assert p.stdout == out, shown(p)
 

@@ -16,12 +16,13 @@ char *chat_format_turn(const char *system, const char *user, int think) {
     return p;
 }
 
-/* Whether word starts at p as a word of its own: after the start or
- * whitespace, and not followed by more of a word or a path ("/thinking",
- * "</think>", "a/think/b" are not switches). */
+/* Whether word starts at p as a word of its own: not inside a word, a path
+ * or a tag ("/thinking", "</think>", "a.com/think" are not switches), but
+ * after text without spaces such as Chinese ("你好/no_think" is one). */
+static int joins(unsigned char c, const char *also) { return c && (isalnum(c) || strchr(also, c)); }
+
 static int switch_at(const char *s, const char *p, size_t n) {
-    const unsigned char after = (unsigned char)p[n];
-    return (p == s || isspace((unsigned char)p[-1])) && !isalnum(after) && after != '_' && after != '/' && after != '-';
+    return !(p > s && joins((unsigned char)p[-1], "_-/.<:")) && !joins((unsigned char)p[n], "_-/");
 }
 
 static const char *last_switch(const char *s, const char *word) {

@@ -7,8 +7,8 @@
  * only on the first turn), ending with the opened assistant turn. */
 char *chat_format_turn(const char *system, const char *user, int think);
 /* Per-turn soft switch: "/no_think" in the message turns thinking off,
- * "/think" on, each as a word of its own (after the start or whitespace,
- * before the end, whitespace or punctuation); otherwise `dflt`. */
+ * "/think" on, each as a word of its own (not inside a word, a path or
+ * </think>); otherwise `dflt`. */
 int chat_wants_think(const char *user, int dflt);
 /* What an earlier answer is in the history, as Qwen3's template renders a
  * past assistant turn: the text after its last </think>, leading newlines

@@ -56,10 +56,13 @@ typedef struct {
     int32_t *sampled; /* the last answer's sampled tokens (tokens per answer) */
     int n_sampled;    /* ... without the end token that closed it */
     int unfed;        /* its last token when sampled but not in the cache (-1: none) */
-    int asst_pos;     /* where it starts in the cache, after "<|im_start|>assistant\n" */
+    int asst_pos;     /* where it starts in the cache: after "<|im_start|>assistant", */
+    int asst_nl;      /* ... before the header's "\n" (1), or after it (0: a tokenizer that merged it) */
     int think;        /* whether its turn had thinking on */
     int32_t *block;   /* the empty think block's tokens */
     size_t n_block;
+    int32_t *nl;      /* "\n" alone */
+    size_t n_nl;
 } chat_conv;
 
 static void conv_clear(chat_conv *c) {
@@ -86,16 +89,19 @@ static int turn_ids(chat_conv *c, const char *system, const char *line, int thin
     *ids = NULL, *n = 0, *at = c->s->state.pos;
     int r = 0;
     if (c->turns) {
-        int k = 0; /* ids past the tokenizer's (a vocabulary's padding) have no text, as when printed */
-        for (int i = 0; i < c->n_sampled; i++)
-            if (c->sampled[i] < q3_tok_n_ids(c->s->tok)) c->sampled[k++] = c->sampled[i];
+        int k = 0; /* ids the tokenizer lacks (a vocabulary's padding) have no text, as when printed */
+        for (int i = 0; i < c->n_sampled; i++) {
+            size_t len;
+            if (q3_tok_token_bytes(c->s->tok, c->sampled[i], &len)) c->sampled[k++] = c->sampled[i];
+        }
         char *answer = q3_tok_decode(c->s->tok, c->sampled, (size_t)k, NULL);
         if (!answer) return -1;
         const char *content = chat_answer_content(answer);
         if (!c->think || content != answer) {
+            /* from the header's "\n" on, which the answer's first characters may join ("\n \nSure") */
             *at = c->asst_pos;
             char *text = q3_malloc(strlen(content) + 16);
-            sprintf(text, "%s<|im_end|>\n", content);
+            sprintf(text, "%s%s<|im_end|>\n", c->asst_nl ? "\n" : "", content);
             r = append_ids(c, ids, n, text);
             free(text);
         } else {
@@ -107,7 +113,8 @@ static int turn_ids(chat_conv *c, const char *system, const char *line, int thin
     char *turn = chat_format_turn(c->turns ? NULL : system, line, 1); /* ends with the assistant header */
     if (!r) r = append_ids(c, ids, n, turn);
     free(turn);
-    c->asst_pos = *at + (int)*n;
+    c->asst_nl = !r && *n >= c->n_nl && !memcmp(*ids + *n - c->n_nl, c->nl, c->n_nl * sizeof *c->nl);
+    c->asst_pos = *at + (int)*n - (c->asst_nl ? (int)c->n_nl : 0);
     if (!r && !think) {
         *ids = q3_realloc(*ids, (*n + c->n_block) * sizeof **ids);
         memcpy(*ids + *n, c->block, c->n_block * sizeof *c->block);
@@ -116,9 +123,9 @@ static int turn_ids(chat_conv *c, const char *system, const char *line, int thin
     return r;
 }
 
-/* Cuts the cache back to `at` and the repetition penalty's history with it. */
+/* Cuts the cache back to `at` and sets the repetition penalty's history to
+ * what it then holds (the prompt gen_run feeds follows, as in `generate`). */
 static void conv_rewind(chat_conv *c, int at) {
-    if (at >= c->s->state.pos) return;
     q3_state_truncate(&c->s->state, at);
     q3_sampler_forget(c->smp);
     for (int i = 0; i < at; i++) q3_sampler_accept(c->smp, c->log[i]);
@@ -209,7 +216,7 @@ int cmd_chat(int argc, char **argv) {
     chat_conv c = {.s = &s, .smp = smp, .unfed = -1};
     c.log = q3_malloc((size_t)s.state.ctx * sizeof *c.log);
     c.sampled = q3_malloc((size_t)n_new * sizeof *c.sampled);
-    if (session_encode(&s, "<think>\n\n</think>\n\n", &c.block, &c.n_block)) {
+    if (session_encode(&s, "<think>\n\n</think>\n\n", &c.block, &c.n_block) || session_encode(&s, "\n", &c.nl, &c.n_nl)) {
         q3_print_error();
         rc = 1;
         goto done;
@@ -238,6 +245,7 @@ int cmd_chat(int argc, char **argv) {
     }
 done:
     free(c.block);
+    free(c.nl);
     free(c.sampled);
     free(c.log);
     q3_sampler_free(smp);
