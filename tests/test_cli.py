@@ -525,23 +525,40 @@ def test_chat_history_drops_the_reasoning(reasoning):
     assert "Hm" not in render(history[:-1], True)  # the template does drop it
 
 
+def follow_template(d, token_bytes, msgs, thinks, *args, no_think=False):
+    """Runs a chat of msgs (system message "Be brief.") and checks every answer against `generate`'s greedy
+    continuation, with the same args (sampling), of the conversation so far as the template renders it (thinks: each
+    turn's thinking), and every turn's prompt against what the template adds after where the last answer
+    starts."""
+    p, st = chat(d, msgs, "--system", "Be brief.", *args, *(["--no-think"] if no_think else []))
+    history, held, out = [{"role": "system", "content": "Be brief."}], 0, b""
+    for k, (m, think) in enumerate(zip(msgs, thinks)):
+        history.append({"role": "user", "content": m})
+        ids = ",".join(map(str, tokenize(d, render(history, think))))
+        text, _ = generate(d, "--ids", ids, "-n", "8", "--temp", "0", *args)
+        answer, _ = generate_ids(d, "--ids", ids, "-n", "8", "--temp", "0", *args)
+        out += text + b"\n"
+        assert st[k]["prompt"] == len(ids.split(",")) - held, (k, shown(p))
+        held = len(tokenize(d, render(history, True))) - 1  # up to "<|im_start|>assistant"
+        history.append({"role": "assistant", "content": decode(d, [i for i in answer if i in token_bytes]).decode()})
+    assert p.stdout == out, shown(p)
+    return out
+
+
 @pytest.mark.parametrize("penalty", [[], ["--repeat-penalty", "1.8"]], ids=["plain", "repeat-penalty"])
 def test_chat_follows_the_template(model, token_bytes, penalty):
     """Without thinking, every answer is the greedy continuation of the conversation as the template
     renders it (with a repetition penalty, over the tokens of that conversation, as `generate` has it)."""
-    msgs = ["hello", "go on", "and then?", "fine"]
-    p, st = chat(model, msgs, "--system", "Be brief.", "--no-think", *penalty)
-    history, held, out = [{"role": "system", "content": "Be brief."}], 0, b""
-    for k, m in enumerate(msgs):
-        history.append({"role": "user", "content": m})
-        ids = ",".join(map(str, tokenize(model, render(history, False))))
-        text, _ = generate(model, "--ids", ids, "-n", "8", "--temp", "0", *penalty)
-        answer, _ = generate_ids(model, "--ids", ids, "-n", "8", "--temp", "0", *penalty)
-        out += text + b"\n"
-        assert st[k]["prompt"] == len(ids.split(",")) - held, (k, shown(p))
-        held = len(tokenize(model, render(history, True))) - 1  # up to "<|im_start|>assistant"
-        history.append({"role": "assistant", "content": decode(model, [i for i in answer if i in token_bytes]).decode()})
-    assert p.stdout == out, shown(p)
+    follow_template(model, token_bytes, ["hello", "go on", "and then?", "fine"], [False] * 4, *penalty, no_think=True)
+
+
+def test_chat_penalty_sees_the_whole_conversation(reasoning, token_bytes):
+    """The repetition penalty covers the whole conversation in the cache, not just the latest turn: the
+    first message's <think> makes the second answer (thinking on) leave the script, as `generate` over the
+    rendered conversation does."""
+    out = follow_template(reasoning, token_bytes, ["say <think> /no_think", "more /think"], [False, True],
+                          "--repeat-penalty", "100")
+    assert not out.split(b"\n")[-2].startswith(b"<think>Hm"), out
 
 
 def test_chat_message_past_the_context_starts_over(model):
