@@ -288,6 +288,7 @@ def test_failed_write_leaves_nothing(tmp_path):
     (["--shard-mb", "0"], "--shard-mb"),
     (["--sparse-step", "0"], "--sparse-step"),
     (["--vocab", "0"], "--vocab"),
+    (["--ffn", "0"], "--ffn"),  # every layer sparse: config.json's intermediate_size must still load
     (["--bogus"], "--bogus"),
     (["--seed"], "--seed"),
 ])

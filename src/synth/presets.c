@@ -71,9 +71,9 @@ int synth_geom_validate(const synth_geom *g) {
     if (g->head_dim % 2) return q3_err("--head-dim must be even for RoPE (got %d)", g->head_dim);
     if (g->norm_topk != 0 && g->norm_topk != 1) return q3_err("--norm-topk must be 0 or 1");
     if (g->tie != 0 && g->tie != 1) return q3_err("--tie must be 0 or 1");
-    int any_dense = 0;
-    for (int l = 0; l < g->layers; l++) any_dense |= !synth_layer_is_sparse(g, l);
-    if (any_dense && check_dim("--ffn", g->ffn, 1)) return -1;
+    /* Positive even when every layer is sparse: config.json's
+     * intermediate_size must be, for the loader as in Qwen3's configs. */
+    if (check_dim("--ffn", g->ffn, 1)) return -1;
     if (g->experts > 0) {
         if (check_dim("--moe-ffn", g->moe_ffn, 1)) return -1;
         if (g->top_k < 1 || g->top_k > g->experts)
