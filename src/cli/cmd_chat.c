@@ -75,7 +75,7 @@ static int append_ids(chat_conv *c, int32_t **ids, size_t *n, const char *text) 
     int32_t *more = NULL;
     size_t m = 0;
     if (session_encode(c->s, text, &more, &m)) return -1;
-    *ids = q3_realloc(*ids, (*n + m + 1) * sizeof **ids);
+    *ids = q3_realloc(*ids, (*n + m + 1) * sizeof **ids); /* + 1: never a size of 0 */
     memcpy(*ids + *n, more, m * sizeof *more);
     *n += m;
     free(more);

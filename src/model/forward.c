@@ -27,6 +27,9 @@
 static int local_heads(const q3_model *m) { return m->shard ? m->shard->nq : m->cfg.num_heads; }
 static int local_kv_heads(const q3_model *m) { return m->shard ? m->shard->nkv : m->cfg.num_kv_heads; }
 static int local_dense_f(const q3_model *m) { return m->shard ? m->shard->dense_f : m->cfg.intermediate_size; }
+static int local_moe_f(const q3_model *m) {
+    return !m->cfg.is_moe ? 0 : m->shard ? m->shard->moe_f : m->cfg.moe_intermediate_size;
+}
 
 /* Ranks a prefill chunk's tokens are split over (1: no SP prefill). */
 static int sp_ranks(const q3_model *m) {
@@ -100,7 +103,7 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
     }
     if (c->is_moe) {
         const int E = c->num_experts, K = c->num_experts_per_tok;
-        const int F = m->shard ? m->shard->moe_f : c->moe_intermediate_size;
+        const int F = local_moe_f(m);
         size_t pairs = (size_t)rows * K;
         s->router = FALLOC((size_t)rows * E);
         s->topk_id = q3_calloc(pairs, sizeof(int32_t));
@@ -135,8 +138,7 @@ int q3_state_init(q3_state *s, const q3_model *m, int ctx, int max_batch) {
      * step would make them in a thread's first take of such rows, or in a
      * take longer than any before (the threads' takes vary with how
      * stealing goes; test_static_decode saw 2 allocations under load). */
-    const int F = c->is_moe ? (m->shard ? m->shard->moe_f : c->moe_intermediate_size) : 0;
-    const int glu_rows = F > local_dense_f(m) ? F : local_dense_f(m);
+    const int glu_rows = local_moe_f(m) > local_dense_f(m) ? local_moe_f(m) : local_dense_f(m);
     q3_scratch_reserve(Q3_SCR_GLU, 2 * (size_t)glu_rows * sizeof(float));
     return 0;
 }
